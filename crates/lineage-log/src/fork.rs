@@ -1,0 +1,71 @@
+//! Forking a session at a turn boundary.
+
+use crate::rules::{last_turn_marker, resolve_fork_boundary};
+use crate::{Chain, Encoder, Event, Header, LogError, SessionId, SessionLineage};
+
+/// How to create a fork's child.
+#[derive(Clone, Debug)]
+pub struct ForkSpec {
+    /// The child's id.
+    pub child: SessionId,
+    /// The inclusive seq to fork at; `None` forks the whole log.
+    pub boundary: Option<u64>,
+    /// The child's creation time, also the time of its `session/lineage` event.
+    pub time_ms: u64,
+    /// The child's delegation depth (0 for a plain fork; the parent's depth + 1 for a subagent).
+    pub delegation_depth: u32,
+}
+
+/// A fork's child: its header and its log (the inherited prefix, then `session/lineage`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forked {
+    /// The child's header.
+    pub header: Header,
+    /// The child's events.
+    pub events: Vec<Event>,
+}
+
+/// Forks `parent` at `spec.boundary`. The child inherits `events[..=boundary]` verbatim, then its
+/// own suffix starts with `session/lineage` at `seq == seed_len`, carrying the parent's running
+/// digest at `seed_len - 1`. Refuses a boundary inside an open turn ([`LogError::OpenTurn`]) or
+/// past the log ([`LogError::InvalidBoundary`]). The child's `cwd` is the parent's.
+pub fn fork_session(parent: &Header, events: &[Event], spec: &ForkSpec) -> Result<Forked, LogError> {
+    let seed_len = resolve_fork_boundary(events.len() as u64, spec.boundary, |b| {
+        last_turn_marker(&events[..=b as usize])
+    })?;
+    let seed = &events[..seed_len as usize];
+    let mut chain = Chain::new();
+    let mut encoder = Encoder::new();
+    let mut buf = Vec::new();
+    for event in seed {
+        buf.clear();
+        encoder.encode(event, &mut buf);
+        chain.update(&buf);
+    }
+    let lineage = SessionLineage {
+        parent: parent.id,
+        seed_len,
+        seed_digest: chain.digest(),
+        delegation_depth: spec.delegation_depth,
+    };
+    let header = child_header(parent, spec, &lineage);
+    let mut child_events = Vec::with_capacity(seed.len() + 1);
+    child_events.extend_from_slice(seed);
+    child_events.push(Event::new(seed_len, spec.time_ms as i64, lineage));
+    Ok(Forked {
+        header,
+        events: child_events,
+    })
+}
+
+/// The header of a fork's child, given its lineage event.
+pub fn child_header(parent: &Header, spec: &ForkSpec, lineage: &SessionLineage) -> Header {
+    Header {
+        cwd: parent.cwd.clone(),
+        parent: Some(parent.id),
+        seed_len: lineage.seed_len,
+        delegation_depth: lineage.delegation_depth,
+        seed_digest: Some(lineage.seed_digest),
+        ..Header::new(spec.child, spec.time_ms)
+    }
+}

@@ -1,0 +1,50 @@
+//! The Lineage session log: the data model and its rules, as pure functions.
+//!
+//! A session is an append-only sequence of [`Event`]s whose seqs are their indexes. This crate
+//! defines the vocabulary ([`EventBody`]), the contracts a log keeps ([`check_append`],
+//! [`check_seed`], [`Log`]), crash repair ([`interrupted_turn_closers`]), forking
+//! ([`fork_session`]), the folds that derive a session's facts from its own suffix, and the record
+//! codec with its running digest ([`Encoder`], [`decode_record`], [`Chain`]).
+//!
+//! It does no I/O and has no async: `lineage-store` persists logs, the runtime crates run agents.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod codec;
+mod error;
+mod event;
+mod fold;
+mod fork;
+mod header;
+mod ids;
+mod message;
+mod rules;
+mod text;
+
+pub use codec::{
+    Chain, Digest, Encoder, FLAG_IGNORABLE, RawRecord, Records, decode_record, decode_records,
+    encode_record, put_varint, split_record, take_varint,
+};
+pub use error::LogError;
+pub use event::{
+    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, Custom,
+    DescriptorMode, Event, EventBody, EventKind, FinishReason, InboxSpliced, InboxTarget,
+    ModelFailure, Opaque, PolicySource, SandboxMode, SessionLineage, StepEnd, StepNo, StepStart,
+    StreamChunk, SubagentDescriptor, ToolCall, ToolError, ToolFilter, ToolResult, TurnEnd,
+    TurnEndReason, TurnError, TurnNo, TurnStart, Usage,
+};
+pub use fold::{
+    PolicyOverrides, final_output, fold_delegation_depth, fold_descriptor, fold_header,
+    fold_lineage, fold_policy, model_history, own_suffix, seed_len,
+};
+pub use fork::{ForkSpec, Forked, child_header, fork_session};
+pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
+pub use ids::{CallId, MessageId, RunId, SessionId};
+pub use message::{ContentBlock, Message, MessageSource, Role};
+pub use rules::{
+    Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append, check_seed,
+    check_shape, completed_turn_prefix, interrupted_turn_closers, is_balanced, last_turn_marker,
+    resolve_fork_boundary,
+};
+pub use text::Text;

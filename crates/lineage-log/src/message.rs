@@ -1,0 +1,152 @@
+//! Messages, their content blocks and where they came from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CallId, MessageId, SessionId, Text};
+
+/// Who speaks a message in the model's history.
+///
+/// Tool results are spoken by the user side, as model APIs expect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// The human, the host, the runtime or a tool result.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One piece of a message's content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContentBlock {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: Text,
+    },
+    /// The model's visible reasoning.
+    Reasoning {
+        /// The reasoning text.
+        text: Text,
+    },
+    /// An image, held by the host and referred to here.
+    Image {
+        /// The media type, for example `image/png`.
+        media_type: Text,
+        /// Where the host keeps the image: a URI or an attachment id.
+        attachment: Text,
+    },
+    /// A tool call the model asked for.
+    ToolCall {
+        /// The call's id, as the model chose it.
+        id: CallId,
+        /// The tool's name.
+        name: Text,
+        /// The arguments: a raw JSON string, kept exactly as the model wrote it.
+        arguments: Text,
+    },
+    /// The result of a tool call.
+    ToolResult {
+        /// The call this answers.
+        tool_call_id: CallId,
+        /// The result's content.
+        content: Vec<ContentBlock>,
+        /// Whether the call failed.
+        is_error: bool,
+    },
+}
+
+impl ContentBlock {
+    /// A text block.
+    pub fn text(text: impl Into<Text>) -> Self {
+        ContentBlock::Text { text: text.into() }
+    }
+}
+
+/// Where a message came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MessageSource {
+    /// Typed by the user.
+    User,
+    /// Produced by a model.
+    Model {
+        /// The model provider.
+        provider: Text,
+        /// The model.
+        model: Text,
+    },
+    /// The result of a tool call.
+    Tool {
+        /// The call it answers.
+        call_id: CallId,
+    },
+    /// Sent by a coordinating agent (a parent's `send_message`).
+    Coordinator {
+        /// The sending session.
+        sender: SessionId,
+    },
+    /// A report a child sent to its parent.
+    SubagentReport {
+        /// The reporting child.
+        sender: SessionId,
+    },
+    /// The runtime's notice that a child settled.
+    SubagentSettled {
+        /// The child that settled.
+        sender: SessionId,
+        /// What it settled with.
+        summary: Text,
+    },
+    /// Contributed by a host extension.
+    Plugin {
+        /// The extension's name.
+        name: Text,
+    },
+}
+
+/// A message in a session's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// The message's id, unique within its session.
+    pub id: MessageId,
+    /// Who speaks it.
+    pub role: Role,
+    /// Its content, in order.
+    pub content: Vec<ContentBlock>,
+    /// Where it came from.
+    pub source: MessageSource,
+}
+
+impl Message {
+    /// A user-role text message from `source`.
+    pub fn user_text(text: impl Into<Text>, source: MessageSource) -> Self {
+        Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content: vec![ContentBlock::text(text)],
+            source,
+        }
+    }
+
+    /// The concatenation of the message's text blocks (reasoning excluded).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for block in &self.content {
+            if let ContentBlock::Text { text } = block {
+                out.push_str(text);
+            }
+        }
+        out
+    }
+
+    /// The tool calls the message asks for, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = (&CallId, &str, &str)> {
+        self.content.iter().filter_map(|block| match block {
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => Some((id, name.as_str(), arguments.as_str())),
+            _ => None,
+        })
+    }
+}

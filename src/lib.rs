@@ -1,1 +1,27 @@
-pub fn x(){}
+//! Lineage: durable, event-sourced sessions and subagent delegation for AI-agent hosts.
+//!
+//! This facade re-exports the crates most hosts need:
+//!
+//! - [`log`]: the session log model (events, messages, rules, repair, fork, folds, codec);
+//! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit).
+//!
+//! ```no_run
+//! use lineage::log::{Event, Header, SessionId, TurnStart};
+//! use lineage::store::Store;
+//!
+//! # fn main() -> Result<(), lineage::store::StoreError> {
+//! let store = Store::open("sessions.lineage")?;
+//! let id = SessionId::new();
+//! store.create(Header::new(id, 1_700_000_000_000))?;
+//! store.append(id, &[Event::new(0, 1_700_000_000_000, TurnStart { turn: 1 })])?;
+//! let loaded = store.load(id)?; // the open turn is closed by crash repair
+//! assert_eq!(loaded.closers, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use lineage_log as log;
+pub use lineage_store as store;

@@ -95,6 +95,16 @@ impl Structure {
         Self::default()
     }
 
+    /// The structure of a balanced log of `len` events whose last turn was `last_turn` (0 when it
+    /// has none): what a log is at a completed-turn boundary, without replaying it.
+    pub fn balanced_at(len: u64, last_turn: TurnNo) -> Self {
+        Structure {
+            next_seq: len,
+            last_turn,
+            ..Structure::default()
+        }
+    }
+
     /// The seq the next event must carry.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
@@ -224,6 +234,7 @@ impl Structure {
             EventBody::TurnEnd(_) => {
                 self.open_turn = None;
                 self.open_step = None;
+                self.last_step = 0;
                 self.pending.clear();
             }
             EventBody::StepStart(s) => {

@@ -1,1 +1,26 @@
-pub fn x(){}
+//! The Lineage session store: many session logs in one embedded redb file.
+//!
+//! Sessions are stored as blocks of framed records keyed by `(session, first seq)`, each block
+//! carrying the session's running digest at its last record. Writes go through one writer thread
+//! that group-commits every session's admitted batches in one transaction with one fsync; reads are
+//! one range scan per session. See `schema/FORMAT.md` for the layout.
+//!
+//! The store is synchronous: it spawns its own writer thread and needs no async runtime.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod fork;
+mod layout;
+mod read;
+mod store;
+mod verify;
+mod writer;
+
+pub use error::{Result, StoreError};
+pub use store::{
+    DEFAULT_COMMIT_WINDOW, KindStats, Loaded, STORE_FORMAT_VERSION, SessionInfo, Store,
+    StoreOptions, StoreStats,
+};
+pub use verify::{Problem, SessionReport, VerifyReport};

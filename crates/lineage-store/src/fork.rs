@@ -1,0 +1,143 @@
+//! Forking a stored session: the child's prefix is copied record for record in one transaction.
+
+use lineage_log::{
+    Chain, EventBody, EventKind, ForkSpec, Header, Records, SessionLineage, Structure, TurnMarker,
+    child_header, decode_record, encode_record, resolve_fork_boundary,
+};
+
+use crate::layout::{Block, EVENTS, session_blocks};
+use crate::read::read_record;
+use crate::store::Store;
+use crate::writer::{PendingBlock, Tail};
+use crate::{Result, StoreError};
+
+impl Store {
+    /// Forks `spec`'s parent session at `spec.boundary` into the new session `spec.child`.
+    ///
+    /// The child's log is the parent's events `0..=boundary`, copied verbatim (whole blocks as they
+    /// are, the boundary block re-framed up to the boundary), then `session/lineage` at
+    /// `seq == seed_len` with the parent's running digest at `seed_len - 1`. Everything is written
+    /// in one transaction, and the children index gains `(parent, child)`. Refuses a taken child id
+    /// first, then a boundary past the log or inside an open turn; the parent is untouched.
+    pub fn fork(&self, parent: lineage_log::SessionId, spec: &ForkSpec) -> Result<Header> {
+        let child = spec.child;
+        self.ensure_new(child)?;
+        self.flush(parent)?;
+        let txn = self.begin_read()?;
+        let record = read_record(&txn, parent)?;
+        let len = record.next_seq;
+        // The inclusive boundary, if any event is inherited.
+        let last = match spec.boundary {
+            None => len.checked_sub(1),
+            Some(b) if b >= len => {
+                return Err(StoreError::from_log(
+                    parent,
+                    lineage_log::LogError::InvalidBoundary { boundary: b, len },
+                ));
+            }
+            Some(b) => Some(b),
+        };
+        let mut blocks = Vec::new();
+        let mut chain = Chain::new();
+        let mut marker: Option<TurnMarker> = None;
+        let mut last_turn = 0;
+        if let Some(last) = last {
+            let table = txn.open_table(EVENTS)?;
+            for entry in table.range(session_blocks(parent))? {
+                let (key, value) = entry?;
+                let first_seq = key.value().1;
+                if first_seq > last {
+                    break;
+                }
+                let block = Block::parse(parent, first_seq, value.value())?;
+                let block_last = block.last_seq(first_seq);
+                let mut end = 0usize;
+                for item in Records::new(block.records, first_seq) {
+                    let (seq, raw) = item.map_err(|e| StoreError::from_log(parent, e))?;
+                    if seq > last {
+                        break;
+                    }
+                    end += raw.bytes.len();
+                    match raw.kind() {
+                        Some(EventKind::TurnStart | EventKind::TurnEnd) => {
+                            let event = decode_record(seq, &raw)
+                                .map_err(|e| StoreError::from_log(parent, e))?;
+                            marker = Some(match event.body {
+                                EventBody::TurnStart(t) => TurnMarker::Start(t.turn),
+                                EventBody::TurnEnd(t) => {
+                                    last_turn = t.turn;
+                                    TurnMarker::End
+                                }
+                                _ => unreachable!("the kind was checked"),
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                let records = &block.records[..end];
+                chain.update(records);
+                let whole = block_last <= last;
+                if whole && chain.digest() != block.digest {
+                    return Err(StoreError::CorruptBlock {
+                        session: parent,
+                        first_seq,
+                        last_seq: block_last,
+                        reason: "digest mismatch: the block's records are not the ones written"
+                            .into(),
+                    });
+                }
+                blocks.push(PendingBlock {
+                    first_seq,
+                    count: (block_last.min(last) + 1 - first_seq) as u32,
+                    records: records.to_vec(),
+                    digest: chain.digest(),
+                });
+            }
+        }
+        drop(txn);
+        let seed_len = resolve_fork_boundary(len, spec.boundary, |_| marker)
+            .map_err(|e| StoreError::from_log(parent, e))?;
+        let lineage = SessionLineage {
+            parent,
+            seed_len,
+            seed_digest: chain.digest(),
+            delegation_depth: spec.delegation_depth,
+        };
+        let header = child_header(&record.header, spec, &lineage);
+        let lineage_event = lineage_log::Event::new(seed_len, spec.time_ms as i64, lineage);
+        let mut structure = Structure::balanced_at(seed_len, last_turn);
+        structure
+            .admit(&lineage_event)
+            .map_err(|e| StoreError::from_log(child, e))?;
+        let lineage_record = encode_record(&lineage_event);
+        chain.update(&lineage_record);
+        blocks.push(PendingBlock {
+            first_seq: seed_len,
+            count: 1,
+            records: lineage_record,
+            digest: chain.digest(),
+        });
+
+        let queue = &self.inner.queue;
+        let mut state = queue.lock();
+        if state.tails.contains_key(&child) {
+            return Err(StoreError::SessionExists { session: child });
+        }
+        state.tails.insert(
+            child,
+            Tail {
+                header: header.clone(),
+                materialized: false,
+                revision: 0,
+                next_seq: seed_len + 1,
+                structure,
+                chain,
+                pending: Vec::new(),
+                last_ticket: 0,
+            },
+        );
+        let ticket = queue.enqueue(&mut state, child, blocks);
+        queue.wait_durable(state, ticket)?;
+        Ok(header)
+    }
+}

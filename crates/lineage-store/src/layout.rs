@@ -1,0 +1,116 @@
+//! The on-disk layout: tables, keys, session records and blocks. `schema/FORMAT.md` documents it;
+//! every change here is a format change.
+
+use lineage_log::{Digest, Header, SessionId};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, StoreError};
+
+/// `meta`: store-wide facts, by name.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("lineage/meta");
+/// `sessions`: session id (as a big-endian integer) → [`SessionRecord`].
+pub(crate) const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("lineage/sessions");
+/// `events`: (session, first seq) → one block.
+pub(crate) const EVENTS: TableDefinition<(u128, u64), &[u8]> =
+    TableDefinition::new("lineage/events");
+/// `children`: (parent, child) → nothing; lists a parent's children without a scan.
+pub(crate) const CHILDREN: TableDefinition<(u128, u128), ()> =
+    TableDefinition::new("lineage/children");
+
+/// `meta` key of the magic value that marks a Lineage store.
+pub(crate) const META_MAGIC: &str = "magic";
+/// The magic value.
+pub(crate) const MAGIC: &[u8] = b"lineage store";
+/// `meta` key of the format version (u32, little endian).
+pub(crate) const META_FORMAT: &str = "format_version";
+/// `meta` key of the store id (16 bytes, a UUID).
+pub(crate) const META_STORE_ID: &str = "store_id";
+
+/// Size of a block's header: record count (u32 LE) then the running digest at its last record.
+pub(crate) const BLOCK_HEADER_LEN: usize = 4 + 32;
+
+/// A session's row in `sessions`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SessionRecord {
+    pub header: Header,
+    /// The seq the next appended event must carry: the number of stored events.
+    pub next_seq: u64,
+    /// The running digest at `next_seq - 1`.
+    pub head: Digest,
+    /// Incremented once per committed write to the session.
+    pub revision: u64,
+}
+
+impl SessionRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("postcard serialization into a Vec is infallible")
+    }
+
+    pub fn decode(session: SessionId, bytes: &[u8]) -> Result<SessionRecord> {
+        let (record, rest) = postcard::take_from_bytes::<SessionRecord>(bytes).map_err(|e| {
+            StoreError::CorruptHeader {
+                session,
+                reason: format!("does not decode: {e}"),
+            }
+        })?;
+        if !rest.is_empty() || record.header.id != session {
+            return Err(StoreError::CorruptHeader {
+                session,
+                reason: "the stored record does not belong to this session".into(),
+            });
+        }
+        Ok(record)
+    }
+}
+
+/// A block: a contiguous run of one session's records with a small header.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block<'a> {
+    pub count: u32,
+    pub digest: Digest,
+    pub records: &'a [u8],
+}
+
+impl<'a> Block<'a> {
+    pub fn parse(session: SessionId, first_seq: u64, bytes: &'a [u8]) -> Result<Block<'a>> {
+        let corrupt = |reason: &str| StoreError::CorruptBlock {
+            session,
+            first_seq,
+            last_seq: first_seq,
+            reason: reason.to_owned(),
+        };
+        if bytes.len() < BLOCK_HEADER_LEN {
+            return Err(corrupt("shorter than a block header"));
+        }
+        let (head, records) = bytes.split_at(BLOCK_HEADER_LEN);
+        let count = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+        let digest = Digest(head[4..].try_into().expect("32 bytes"));
+        if count == 0 || records.is_empty() {
+            return Err(corrupt("holds no records"));
+        }
+        Ok(Block {
+            count,
+            digest,
+            records,
+        })
+    }
+
+    pub fn last_seq(&self, first_seq: u64) -> u64 {
+        first_seq + u64::from(self.count) - 1
+    }
+}
+
+/// Writes a block value: header then records.
+pub(crate) fn encode_block(count: u32, digest: Digest, records: &[u8], out: &mut Vec<u8>) {
+    out.reserve(BLOCK_HEADER_LEN + records.len());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&digest.0);
+    out.extend_from_slice(records);
+}
+
+/// The key range of one session's blocks.
+pub(crate) fn session_blocks(session: SessionId) -> std::ops::RangeInclusive<(u128, u64)> {
+    let id = session.as_u128();
+    (id, 0)..=(id, u64::MAX)
+}

@@ -1,0 +1,690 @@
+//! `Store`: the public face of the store.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use lineage_log::{
+    Digest, Encoder, Event, EventKind, Header, SessionId, Structure, check_append, check_seed,
+    interrupted_turn_closers,
+};
+use redb::{ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend};
+use uuid::Uuid;
+
+use crate::layout::{
+    Block, CHILDREN, EVENTS, META, META_FORMAT, META_MAGIC, META_STORE_ID, MAGIC, SESSIONS,
+    SessionRecord,
+};
+use crate::read::{read_from, read_log, read_record};
+use crate::writer::{self, PendingBlock, Queue, Tail};
+use crate::{Result, StoreError};
+
+/// The version of the store layout (tables, keys, blocks) this build reads and writes, kept in the
+/// `meta` table.
+pub const STORE_FORMAT_VERSION: u32 = 1;
+
+/// How long the writer waits, by default, after the first admitted batch before committing, so that
+/// batches admitted close together share one commit. A flush skips the wait.
+pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(200);
+
+/// Tuning of a writable store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// How long an admitted batch may wait for others before the writer commits it. A flush (and
+    /// so an append) commits at once.
+    pub commit_window: Duration,
+    /// The most events one stored block holds.
+    pub block_events: usize,
+    /// The most record bytes one stored block holds (a single larger record gets a block alone).
+    pub block_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            commit_window: DEFAULT_COMMIT_WINDOW,
+            block_events: 512,
+            block_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// A session read back from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loaded {
+    /// The session's header.
+    pub header: Header,
+    /// Every event, balanced: an interrupted tail turn is closed by crash-repair events.
+    pub events: Vec<Event>,
+    /// How many of the last events are crash-repair closers (0 for a balanced log).
+    pub closers: usize,
+}
+
+/// A stored session's header and position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The header.
+    pub header: Header,
+    /// How many events are stored.
+    pub len: u64,
+    /// The running digest at the last stored event.
+    pub head: Digest,
+    /// Incremented once per committed write to the session.
+    pub revision: u64,
+}
+
+/// Space used, overall and by event kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Stored sessions.
+    pub sessions: u64,
+    /// Stored events.
+    pub events: u64,
+    /// Stored blocks.
+    pub blocks: u64,
+    /// Bytes of framed records.
+    pub record_bytes: u64,
+    /// Bytes of block values (records plus block headers).
+    pub block_bytes: u64,
+    /// The store file's size, when the store is a file.
+    pub file_bytes: Option<u64>,
+    /// Events and record bytes by kind; unknown ignorable tags are counted as `opaque`.
+    pub by_kind: BTreeMap<EventKind, KindStats>,
+}
+
+/// Events of one kind and their record bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KindStats {
+    /// How many.
+    pub events: u64,
+    /// Their framed record bytes.
+    pub bytes: u64,
+}
+
+pub(crate) enum Db {
+    Write(Arc<Database>),
+    Read(ReadOnlyDatabase),
+}
+
+pub(crate) struct Inner {
+    pub db: Db,
+    pub path: Option<PathBuf>,
+    pub store_id: Uuid,
+    pub queue: Arc<Queue>,
+    pub options: StoreOptions,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        {
+            let mut state = self.queue.lock();
+            state.shutdown = true;
+            self.queue.wake_writer.notify_one();
+        }
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle
+            && handle.join().is_err()
+        {
+            tracing::warn!("the store's writer thread panicked");
+        }
+        let state = self.queue.lock();
+        if state.pending_blocks > 0 {
+            tracing::warn!(
+                blocks = state.pending_blocks,
+                "store closed with batches that could not be committed"
+            );
+        }
+    }
+}
+
+/// A Lineage session store: one redb file holding many sessions.
+///
+/// Cheap to clone; every clone shares one writer. Open one writable `Store` per file: another
+/// process (or another handle in this one) gets [`StoreError::AlreadyOpen`], while any number of
+/// [`Store::open_read_only`] handles may follow its commits.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .field("store_id", &self.inner.store_id)
+            .field("read_only", &self.is_read_only())
+            .finish()
+    }
+}
+
+fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError {
+    match error {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen {
+            path: path.to_owned(),
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => {
+            StoreError::NotAStore {
+                path: path.to_owned(),
+                reason,
+            }
+        }
+        redb::DatabaseError::UpgradeRequired(version) => StoreError::NotAStore {
+            path: path.to_owned(),
+            reason: format!("a redb file in storage format {version}, which this build cannot read"),
+        },
+        other => other.into(),
+    }
+}
+
+fn builder() -> redb::Builder {
+    let mut builder = redb::Builder::new();
+    builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    builder
+}
+
+impl Store {
+    /// Opens the store at `path` for writing, creating it if the file does not exist.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// Opens the store at `path` for writing, with `options`.
+    pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        let path = path.as_ref();
+        let db = builder().create(path).map_err(|e| open_error(path, e))?;
+        Self::start(db, Some(path.to_owned()), options)
+    }
+
+    /// Opens a writable store over any redb storage backend (for example
+    /// `redb::backends::InMemoryBackend`).
+    pub fn with_backend(backend: impl StorageBackend, options: StoreOptions) -> Result<Store> {
+        let db = builder()
+            .create_with_backend(backend)
+            .map_err(|e| open_error(Path::new("<backend>"), e))?;
+        Self::start(db, None, options)
+    }
+
+    /// Opens the store at `path` read-only. Each read sees the writer's latest commit.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
+        let path = path.as_ref();
+        let db = builder()
+            .open_read_only(path)
+            .map_err(|e| open_error(path, e))?;
+        let txn = db.begin_read()?;
+        let store_id = check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
+            path: path.to_owned(),
+            reason: "it holds no Lineage tables".into(),
+        })?;
+        drop(txn);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db: Db::Read(db),
+                path: Some(path.to_owned()),
+                store_id,
+                queue: Arc::new(Queue::new()),
+                options: StoreOptions::default(),
+                writer: Mutex::new(None),
+            }),
+        })
+    }
+
+    fn start(db: Database, path: Option<PathBuf>, options: StoreOptions) -> Result<Store> {
+        let shown = path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
+        let store_id = match check_meta(&db.begin_read()?, &shown)? {
+            Some(id) => id,
+            None => initialize(&db, &shown)?,
+        };
+        let db = Arc::new(db);
+        let queue = Arc::new(Queue::new());
+        let handle = {
+            let (db, queue, options) = (db.clone(), queue.clone(), options.clone());
+            std::thread::Builder::new()
+                .name("lineage-store-writer".into())
+                .spawn(move || writer::run(db, queue, options))
+                .map_err(|e| StoreError::Storage(redb::Error::Io(e)))?
+        };
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db: Db::Write(db),
+                path,
+                store_id,
+                queue,
+                options,
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// The file the store lives in, if it is a file.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// The store's id, minted when it was created.
+    pub fn store_id(&self) -> Uuid {
+        self.inner.store_id
+    }
+
+    /// Whether the store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.inner.db, Db::Read(_))
+    }
+
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
+        Ok(match &self.inner.db {
+            Db::Write(db) => db.begin_read()?,
+            Db::Read(db) => db.begin_read()?,
+        })
+    }
+
+    fn writable(&self) -> Result<()> {
+        match self.inner.db {
+            Db::Write(_) => Ok(()),
+            Db::Read(_) => Err(StoreError::ReadOnly),
+        }
+    }
+
+    /// Registers a new session. Nothing is written until its first append, which writes the
+    /// header and the batch in one transaction; until then the session is not listed.
+    pub fn create(&self, header: Header) -> Result<()> {
+        self.writable()?;
+        let session = header.id;
+        header
+            .validate()
+            .map_err(|e| StoreError::from_log(session, e))?;
+        self.ensure_new(session)?;
+        let mut state = self.inner.queue.lock();
+        match state.tails.entry(session) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                Err(StoreError::SessionExists { session })
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Tail {
+                    header,
+                    materialized: false,
+                    revision: 0,
+                    next_seq: 0,
+                    structure: Structure::new(),
+                    chain: lineage_log::Chain::new(),
+                    pending: Vec::new(),
+                    last_ticket: 0,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Refuses an id that is already created or stored.
+    pub(crate) fn ensure_new(&self, session: SessionId) -> Result<()> {
+        if self.inner.queue.lock().tails.contains_key(&session) {
+            return Err(StoreError::SessionExists { session });
+        }
+        match read_record(&self.begin_read()?, session) {
+            Err(StoreError::UnknownSession { .. }) => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Err(StoreError::SessionExists { session }),
+        }
+    }
+
+    /// Creates a session holding `events`, which must satisfy the seed contract, durably and in
+    /// one transaction.
+    pub fn import(&self, header: Header, events: &[Event]) -> Result<()> {
+        let session = header.id;
+        check_seed(events).map_err(|e| StoreError::from_log(session, e))?;
+        self.create(header)?;
+        self.append(session, events)
+    }
+
+    /// Appends `events` durably: admits them, then flushes the session.
+    ///
+    /// If the commit fails the batch stays admitted, in order, and the error is returned; the next
+    /// flush retries it.
+    pub fn append(&self, session: SessionId, events: &[Event]) -> Result<()> {
+        self.admit(session, events)?;
+        self.flush(session)
+    }
+
+    /// Admits `events` for the next group commit without waiting for it. The batch must continue
+    /// at the session's next seq, contiguously, and keep the log's rules; otherwise it is refused
+    /// whole and nothing changes. An empty batch is a no-op.
+    pub fn admit(&self, session: SessionId, events: &[Event]) -> Result<()> {
+        self.writable()?;
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut records = Vec::with_capacity(events.len() * 48);
+        let mut ends = Vec::with_capacity(events.len());
+        let mut encoder = Encoder::new();
+        for event in events {
+            encoder.encode(event, &mut records);
+            ends.push(records.len());
+        }
+        self.ensure_tail(session)?;
+        let queue = &self.inner.queue;
+        let mut state = queue.lock();
+        let tail = state
+            .tails
+            .get_mut(&session)
+            .ok_or(StoreError::UnknownSession { session })?;
+        let structure =
+            check_append(&tail.structure, events).map_err(|e| StoreError::from_log(session, e))?;
+        let blocks = cut_blocks(tail, records, &ends, &self.inner.options);
+        tail.structure = structure;
+        queue.enqueue(&mut state, session, blocks);
+        Ok(())
+    }
+
+    /// Waits until everything admitted for `session` before this call is durable. After a failed
+    /// commit it retries the queued batches and reports a repeated failure.
+    pub fn flush(&self, session: SessionId) -> Result<()> {
+        let state = self.inner.queue.lock();
+        let target = state.tails.get(&session).map_or(0, |t| t.last_ticket);
+        self.inner.queue.wait_durable(state, target)
+    }
+
+    /// Waits until everything admitted to any session before this call is durable.
+    pub fn flush_all(&self) -> Result<()> {
+        let state = self.inner.queue.lock();
+        let target = state.next_ticket;
+        self.inner.queue.wait_durable(state, target)
+    }
+
+    /// Flushes everything and closes this handle (the writer stops when the last clone is gone).
+    pub fn close(self) -> Result<()> {
+        match self.inner.db {
+            Db::Write(_) => self.flush_all(),
+            Db::Read(_) => Ok(()),
+        }
+    }
+
+    /// Makes sure the writer knows `session`'s tail, reading it from the store if needed.
+    fn ensure_tail(&self, session: SessionId) -> Result<()> {
+        if self.inner.queue.lock().tails.contains_key(&session) {
+            return Ok(());
+        }
+        let stored = read_log(&self.begin_read()?, session)?;
+        self.remember(session, stored.record, stored.chain, stored.structure);
+        Ok(())
+    }
+
+    /// Caches a committed session's tail for the writer, unless it already has a newer one.
+    fn remember(
+        &self,
+        session: SessionId,
+        record: SessionRecord,
+        chain: lineage_log::Chain,
+        structure: Structure,
+    ) {
+        let mut state = self.inner.queue.lock();
+        state.tails.entry(session).or_insert(Tail {
+            header: record.header,
+            materialized: true,
+            revision: record.revision,
+            next_seq: record.next_seq,
+            structure,
+            chain,
+            pending: Vec::new(),
+            last_ticket: 0,
+        });
+    }
+
+    /// Loads a session, balanced. If its tail turn was interrupted (the process stopped mid-turn),
+    /// the crash-repair closers are appended durably before it is returned. Admitted events are
+    /// flushed first. Every block's digest is checked.
+    pub fn load(&self, session: SessionId) -> Result<Loaded> {
+        self.writable()?;
+        self.flush(session)?;
+        let stored = read_log(&self.begin_read()?, session)?;
+        let closers = interrupted_turn_closers(&stored.events);
+        let header = stored.record.header.clone();
+        let mut events = stored.events;
+        self.remember(session, stored.record, stored.chain, stored.structure);
+        if !closers.is_empty() {
+            self.append(session, &closers)?;
+        }
+        let count = closers.len();
+        events.extend(closers);
+        Ok(Loaded {
+            header,
+            events,
+            closers: count,
+        })
+    }
+
+    /// Reads a session's committed events, balanced with crash-repair closers in memory only: the
+    /// store is not touched. Works on read-only stores.
+    pub fn inspect(&self, session: SessionId) -> Result<Loaded> {
+        let stored = read_log(&self.begin_read()?, session)?;
+        let closers = interrupted_turn_closers(&stored.events);
+        let count = closers.len();
+        let mut events = stored.events;
+        events.extend(closers);
+        Ok(Loaded {
+            header: stored.record.header,
+            events,
+            closers: count,
+        })
+    }
+
+    /// The committed events with `seq >= from` (empty when `from` is past the end). No repair.
+    pub fn read_from(&self, session: SessionId, from: u64) -> Result<Vec<Event>> {
+        read_from(&self.begin_read()?, session, from)
+    }
+
+    /// A stored session's header and position.
+    pub fn info(&self, session: SessionId) -> Result<SessionInfo> {
+        let record = read_record(&self.begin_read()?, session)?;
+        Ok(info_of(record))
+    }
+
+    /// Every stored session, in id order (which is creation order for UUIDv7 ids).
+    pub fn list(&self) -> Result<Vec<SessionInfo>> {
+        let txn = self.begin_read()?;
+        let table = txn.open_table(SESSIONS)?;
+        let mut out = Vec::with_capacity(table.len()? as usize);
+        for entry in table.iter()? {
+            let (key, value) = entry?;
+            let session = SessionId::from_u128(key.value());
+            out.push(info_of(SessionRecord::decode(session, value.value())?));
+        }
+        Ok(out)
+    }
+
+    /// The children of `parent` (sessions whose header names it), in id order, from the children
+    /// index without scanning sessions.
+    pub fn children(&self, parent: SessionId) -> Result<Vec<SessionId>> {
+        let txn = self.begin_read()?;
+        children_of(&txn, parent)
+    }
+
+    /// Every descendant of `root`, breadth first, in one read transaction.
+    pub fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
+        let txn = self.begin_read()?;
+        let mut out = children_of(&txn, root)?;
+        let mut next = 0;
+        while next < out.len() {
+            let more = children_of(&txn, out[next])?;
+            out.extend(more);
+            next += 1;
+        }
+        Ok(out)
+    }
+
+    /// Space used, overall and by event kind.
+    pub fn stats(&self) -> Result<StoreStats> {
+        let txn = self.begin_read()?;
+        let mut stats = StoreStats {
+            sessions: txn.open_table(SESSIONS)?.len()?,
+            file_bytes: self
+                .inner
+                .path
+                .as_ref()
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len()),
+            ..StoreStats::default()
+        };
+        let table = txn.open_table(EVENTS)?;
+        for entry in table.iter()? {
+            let (key, value) = entry?;
+            let (id, first_seq) = key.value();
+            let session = SessionId::from_u128(id);
+            let bytes = value.value();
+            let block = Block::parse(session, first_seq, bytes)?;
+            stats.blocks += 1;
+            stats.block_bytes += bytes.len() as u64;
+            for item in lineage_log::Records::new(block.records, first_seq) {
+                let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+                let kind = raw.kind().unwrap_or(EventKind::Opaque);
+                let slot = stats.by_kind.entry(kind).or_default();
+                slot.events += 1;
+                slot.bytes += raw.bytes.len() as u64;
+                stats.events += 1;
+                stats.record_bytes += raw.bytes.len() as u64;
+            }
+        }
+        Ok(stats)
+    }
+}
+
+fn info_of(record: SessionRecord) -> SessionInfo {
+    SessionInfo {
+        header: record.header,
+        len: record.next_seq,
+        head: record.head,
+        revision: record.revision,
+    }
+}
+
+pub(crate) fn children_of(txn: &ReadTransaction, parent: SessionId) -> Result<Vec<SessionId>> {
+    let table = txn.open_table(CHILDREN)?;
+    let id = parent.as_u128();
+    let mut out = Vec::new();
+    for entry in table.range((id, 0)..=(id, u128::MAX))? {
+        out.push(SessionId::from_u128(entry?.0.value().1));
+    }
+    Ok(out)
+}
+
+/// Cuts a validated batch's records into blocks within the limits, advancing the tail's seq and
+/// digest. A batch that fits in one block moves its buffer without a copy.
+pub(crate) fn cut_blocks(
+    tail: &mut Tail,
+    records: Vec<u8>,
+    ends: &[usize],
+    options: &StoreOptions,
+) -> Vec<PendingBlock> {
+    let fits = ends.len() <= options.block_events && records.len() <= options.block_bytes;
+    if fits {
+        tail.chain.update(&records);
+        let block = PendingBlock {
+            first_seq: tail.next_seq,
+            count: ends.len() as u32,
+            records,
+            digest: tail.chain.digest(),
+        };
+        tail.next_seq += ends.len() as u64;
+        return vec![block];
+    }
+    let mut blocks = Vec::new();
+    let mut start = 0usize; // index of the block's first record
+    let mut start_byte = 0usize;
+    for i in 0..ends.len() {
+        let count = i + 1 - start;
+        let bytes = ends[i] - start_byte;
+        let last = i + 1 == ends.len();
+        let next_too_big = !last
+            && (count + 1 > options.block_events || ends[i + 1] - start_byte > options.block_bytes);
+        if last || next_too_big || bytes >= options.block_bytes {
+            let slice = &records[start_byte..ends[i]];
+            tail.chain.update(slice);
+            blocks.push(PendingBlock {
+                first_seq: tail.next_seq,
+                count: count as u32,
+                records: slice.to_vec(),
+                digest: tail.chain.digest(),
+            });
+            tail.next_seq += count as u64;
+            start = i + 1;
+            start_byte = ends[i];
+        }
+    }
+    blocks
+}
+
+/// Checks the `meta` table: `Some(store id)` for a Lineage store of a supported format, `None` for
+/// an empty database, an error for anything else.
+fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
+    let not_a_store = |reason: String| StoreError::NotAStore {
+        path: path.to_owned(),
+        reason,
+    };
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            return if txn.list_tables()?.next().is_none() {
+                Ok(None)
+            } else {
+                Err(not_a_store("a redb database without Lineage's tables".into()))
+            };
+        }
+        Err(redb::TableError::TableTypeMismatch { .. }) => {
+            return Err(not_a_store("its meta table has foreign types".into()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let magic = meta.get(META_MAGIC)?;
+    if magic.as_ref().map(|m| m.value()) != Some(MAGIC) {
+        return Err(not_a_store("its meta table lacks the Lineage magic".into()));
+    }
+    let version = meta
+        .get(META_FORMAT)?
+        .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| not_a_store("its meta table has no format version".into()))?;
+    let what = format!("store {}", path.display());
+    if version > STORE_FORMAT_VERSION {
+        return Err(StoreError::NewerFormat {
+            what,
+            found: version,
+            supported: STORE_FORMAT_VERSION,
+        });
+    }
+    if version < STORE_FORMAT_VERSION {
+        return Err(StoreError::OlderFormat {
+            what,
+            found: version,
+            supported: STORE_FORMAT_VERSION,
+        });
+    }
+    let id = meta
+        .get(META_STORE_ID)?
+        .and_then(|v| Uuid::from_slice(v.value()).ok())
+        .ok_or_else(|| not_a_store("its meta table has no store id".into()))?;
+    Ok(Some(id))
+}
+
+/// Writes the `meta` table and creates the other tables of a fresh store, durably.
+fn initialize(db: &Database, path: &Path) -> Result<Uuid> {
+    let txn = db.begin_write()?;
+    let id = Uuid::now_v7();
+    {
+        if txn.list_tables()?.next().is_some() {
+            return Err(StoreError::NotAStore {
+                path: path.to_owned(),
+                reason: "a redb database without Lineage's tables".into(),
+            });
+        }
+        let mut meta = txn.open_table(META)?;
+        meta.insert(META_MAGIC, MAGIC)?;
+        meta.insert(META_FORMAT, STORE_FORMAT_VERSION.to_le_bytes().as_slice())?;
+        meta.insert(META_STORE_ID, id.as_bytes().as_slice())?;
+        txn.open_table(SESSIONS)?;
+        txn.open_table(EVENTS)?;
+        txn.open_table(CHILDREN)?;
+    }
+    txn.commit()?;
+    Ok(id)
+}

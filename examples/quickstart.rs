@@ -64,7 +64,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .map(|(seq, body)| Event::new(seq as u64, now + seq as i64, body))
         .collect();
     store.append(parent, &events)?;
-    println!("wrote session {parent}: {} events, one completed turn", events.len());
+    println!(
+        "wrote session {parent}: {} events, one completed turn",
+        events.len()
+    );
 
     // A second turn that the process "crashes" in: it opens and never closes.
     store.append(parent, &[Event::new(6, now + 6, TurnStart { turn: 2 })])?;
@@ -83,7 +86,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!(
         "forked {child} from {parent}: inherits {} events, seed digest {}",
         header.seed_len,
-        header.seed_digest.map(|d| d.to_string()).unwrap_or_default()
+        header
+            .seed_digest
+            .map(|d| d.to_string())
+            .unwrap_or_default()
     );
     drop(store);
 
@@ -94,7 +100,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         "reloaded {parent}: {} events, {} appended by crash repair (last: {})",
         loaded.events.len(),
         loaded.closers,
-        loaded.events.last().map(|e| e.kind().name()).unwrap_or("none"),
+        loaded
+            .events
+            .last()
+            .map(|e| e.kind().name())
+            .unwrap_or("none"),
     );
     let forked = store.load(child)?;
     println!(
@@ -111,7 +121,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             session.session,
             session.events,
             session.blocks,
-            if session.problems.is_empty() { "intact" } else { "PROBLEMS" }
+            if session.problems.is_empty() {
+                "intact"
+            } else {
+                "PROBLEMS"
+            }
         );
     }
     if !report.is_ok() {

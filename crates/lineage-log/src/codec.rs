@@ -136,7 +136,11 @@ impl Encoder {
     }
 
     /// Appends the records of `events` to `out`, back to back.
-    pub fn encode_all<'a>(&mut self, events: impl IntoIterator<Item = &'a Event>, out: &mut Vec<u8>) {
+    pub fn encode_all<'a>(
+        &mut self,
+        events: impl IntoIterator<Item = &'a Event>,
+        out: &mut Vec<u8>,
+    ) {
         for event in events {
             self.encode(event, out);
         }

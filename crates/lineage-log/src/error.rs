@@ -69,7 +69,9 @@ pub enum LogError {
         tag: u32,
     },
     /// A record sets flag bits this build does not know.
-    #[error("record at seq {seq} sets unknown flag bits {flags:#04x}: it was likely written by a newer Lineage")]
+    #[error(
+        "record at seq {seq} sets unknown flag bits {flags:#04x}: it was likely written by a newer Lineage"
+    )]
     UnknownFlags {
         /// The record's seq.
         seq: u64,
@@ -77,7 +79,9 @@ pub enum LogError {
         flags: u8,
     },
     /// A log written in a newer format.
-    #[error("log format v{found} is newer than v{supported}, the newest this build reads: upgrade Lineage to open it")]
+    #[error(
+        "log format v{found} is newer than v{supported}, the newest this build reads: upgrade Lineage to open it"
+    )]
     NewerFormat {
         /// The version found.
         found: u32,
@@ -85,7 +89,9 @@ pub enum LogError {
         supported: u32,
     },
     /// A log written in an older format this build cannot upgrade.
-    #[error("log format v{found} is older than v{supported} and this build has no upgrade path for it")]
+    #[error(
+        "log format v{found} is older than v{supported} and this build has no upgrade path for it"
+    )]
     OlderFormat {
         /// The version found.
         found: u32,

@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::{CallId, Digest, Message, SessionId, Text};
 
 /// One entry of a session log.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// The serde form (used at the JSON edges: export, `--json`) is `{seq, time_ms, body: {type, data}}`
+/// with `type` the display name; the stored form is the record codec, not serde.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     /// Position in the log: the first event has seq 0 and every event's seq is its index.
     pub seq: u64,
@@ -157,39 +160,56 @@ impl fmt::Display for EventKind {
 }
 
 /// What an event says.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
 pub enum EventBody {
     /// A turn opens.
+    #[serde(rename = "turn/start")]
     TurnStart(TurnStart),
     /// The open turn closes.
+    #[serde(rename = "turn/end")]
     TurnEnd(TurnEnd),
     /// A step (one model call and its tools) opens.
+    #[serde(rename = "step/start")]
     StepStart(StepStart),
     /// The open step closes.
+    #[serde(rename = "step/end")]
     StepEnd(StepEnd),
     /// A user-role message enters the history.
+    #[serde(rename = "user/message")]
     UserMessage(Message),
     /// One raw chunk of the model's stream.
+    #[serde(rename = "assistant/chunk")]
     AssistantChunk(AssistantChunk),
     /// The model's assembled message for a step.
+    #[serde(rename = "assistant/message")]
     AssistantMessage(AssistantMessage),
     /// A tool call starts.
+    #[serde(rename = "tool/call")]
     ToolCall(ToolCall),
     /// A tool call's result.
+    #[serde(rename = "tool/result")]
     ToolResult(ToolResult),
     /// The agent's inbox changed.
+    #[serde(rename = "inbox/spliced")]
     InboxSpliced(InboxSpliced),
     /// Where this session's own suffix starts and whose history it inherited.
+    #[serde(rename = "session/lineage")]
     SessionLineage(SessionLineage),
     /// What kind of delegated child this session is.
+    #[serde(rename = "subagent/descriptor")]
     SubagentDescriptor(SubagentDescriptor),
     /// An approval policy override.
+    #[serde(rename = "approval/policy")]
     ApprovalPolicy(ApprovalPolicy),
     /// A sandbox mode override.
+    #[serde(rename = "sandbox/mode")]
     SandboxMode(SandboxMode),
     /// A host extension's event.
+    #[serde(rename = "custom")]
     Custom(Custom),
     /// A record this build cannot interpret, kept intact because its writer marked it ignorable.
+    #[serde(rename = "opaque")]
     Opaque(Opaque),
 }
 
@@ -613,7 +633,7 @@ pub struct SandboxMode {
 }
 
 /// `custom`: a host extension's event, opaque to Lineage.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Custom {
     /// The extension's event type, for example `todo/write`.
     pub type_name: Text,
@@ -632,7 +652,7 @@ pub(crate) struct CustomWire {
 
 /// A record with a tag this build does not know, which its writer marked ignorable. It is kept
 /// byte for byte, so re-encoding it reproduces the record exactly.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Opaque {
     /// The record's tag.
     pub tag: u32,

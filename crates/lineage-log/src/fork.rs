@@ -29,7 +29,11 @@ pub struct Forked {
 /// own suffix starts with `session/lineage` at `seq == seed_len`, carrying the parent's running
 /// digest at `seed_len - 1`. Refuses a boundary inside an open turn ([`LogError::OpenTurn`]) or
 /// past the log ([`LogError::InvalidBoundary`]). The child's `cwd` is the parent's.
-pub fn fork_session(parent: &Header, events: &[Event], spec: &ForkSpec) -> Result<Forked, LogError> {
+pub fn fork_session(
+    parent: &Header,
+    events: &[Event],
+    spec: &ForkSpec,
+) -> Result<Forked, LogError> {
     let seed_len = resolve_fork_boundary(events.len() as u64, spec.boundary, |b| {
         last_turn_marker(&events[..=b as usize])
     })?;

@@ -2,9 +2,8 @@
 //! balance, and the closers that crash repair appends.
 
 use crate::{
-    CallId, ContentBlock, Event, EventBody, EventKind, LogError, Message, MessageId,
-    MessageSource, Role, StepEnd, StepNo, Text, ToolError, ToolResult, TurnEnd, TurnEndReason,
-    TurnNo,
+    CallId, ContentBlock, Event, EventBody, EventKind, LogError, Message, MessageId, MessageSource,
+    Role, StepEnd, StepNo, Text, ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo,
 };
 
 /// The error code of a synthetic result for a call the model asked for but that never started.
@@ -49,7 +48,9 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
                 return Err("tool result must have a tool source".into());
             };
             match r.message.content.as_slice() {
-                [ContentBlock::ToolResult { tool_call_id, .. }] if tool_call_id == call_id => Ok(()),
+                [ContentBlock::ToolResult { tool_call_id, .. }] if tool_call_id == call_id => {
+                    Ok(())
+                }
                 [ContentBlock::ToolResult { tool_call_id, .. }] => Err(format!(
                     "tool result block answers call {tool_call_id} but its source names call {call_id}"
                 )),
@@ -186,7 +187,10 @@ impl Structure {
             }
             EventBody::StepStart(s) => {
                 if self.open_turn != Some(s.turn) {
-                    return Err(format!("opens a step in turn {}, which is not open", s.turn));
+                    return Err(format!(
+                        "opens a step in turn {}, which is not open",
+                        s.turn
+                    ));
                 }
                 if let Some(step) = self.open_step {
                     return Err(format!("step {step} is still open"));
@@ -206,10 +210,8 @@ impl Structure {
             EventBody::ToolResult(r) => {
                 self.in_step(r.turn, r.step)?;
                 let call_id = tool_result_call_id(r);
-                let synthetic_not_started = r
-                    .error
-                    .as_ref()
-                    .is_some_and(|e| e.code == TOOL_NOT_STARTED);
+                let synthetic_not_started =
+                    r.error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED);
                 if !synthetic_not_started && !self.pending.contains(call_id) {
                     return Err(format!(
                         "answers call {call_id}, which has no tool/call pending in this step"
@@ -297,12 +299,10 @@ pub fn check_seed(seed: &[Event]) -> Result<Structure, LogError> {
                 ),
             });
         }
-        structure
-            .admit(event)
-            .map_err(|e| LogError::InvalidSeed {
-                index,
-                reason: e.to_string(),
-            })?;
+        structure.admit(event).map_err(|e| LogError::InvalidSeed {
+            index,
+            reason: e.to_string(),
+        })?;
     }
     Ok(structure)
 }
@@ -483,7 +483,11 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
     let mut closers = Vec::with_capacity(pending.len() + 2);
     for call in pending {
         let (text, name, code) = match call.call_seq {
-            Some(_) => (OUTCOME_UNKNOWN_TEXT, "ToolOutcomeUnknown", TOOL_OUTCOME_UNKNOWN),
+            Some(_) => (
+                OUTCOME_UNKNOWN_TEXT,
+                "ToolOutcomeUnknown",
+                TOOL_OUTCOME_UNKNOWN,
+            ),
             None => (NOT_STARTED_TEXT, "ToolNotStarted", TOOL_NOT_STARTED),
         };
         let message = Message {

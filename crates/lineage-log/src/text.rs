@@ -110,7 +110,11 @@ mod tests {
         for s in ["", "a", "twenty-four bytes exactly", &"x".repeat(1000)] {
             let t = Text::from(s);
             let bytes = postcard::to_allocvec(&t).unwrap();
-            assert_eq!(bytes, postcard::to_allocvec(s).unwrap(), "wire form is a plain string");
+            assert_eq!(
+                bytes,
+                postcard::to_allocvec(s).unwrap(),
+                "wire form is a plain string"
+            );
             let back: Text = postcard::from_bytes(&bytes).unwrap();
             assert_eq!(back, s);
         }

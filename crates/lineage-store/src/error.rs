@@ -22,7 +22,9 @@ pub enum StoreError {
         session: SessionId,
     },
     /// An append does not continue at the session's next seq, or has an internal gap.
-    #[error("append to session {session} at batch index {index}: expected seq {expected}, got {got}")]
+    #[error(
+        "append to session {session} at batch index {index}: expected seq {expected}, got {got}"
+    )]
     SeqMismatch {
         /// The session.
         session: SessionId,
@@ -54,7 +56,9 @@ pub enum StoreError {
         source: LogError,
     },
     /// The store or a session was written by a newer Lineage.
-    #[error("{what} uses format v{found}, newer than v{supported}, the newest this build reads: upgrade Lineage to open it")]
+    #[error(
+        "{what} uses format v{found}, newer than v{supported}, the newest this build reads: upgrade Lineage to open it"
+    )]
     NewerFormat {
         /// The store file or session.
         what: String,
@@ -64,7 +68,9 @@ pub enum StoreError {
         supported: u32,
     },
     /// The store or a session is in an older format this build cannot upgrade.
-    #[error("{what} uses format v{found}, older than v{supported}, and this build has no upgrade path for it")]
+    #[error(
+        "{what} uses format v{found}, older than v{supported}, and this build has no upgrade path for it"
+    )]
     OlderFormat {
         /// The store file or session.
         what: String,

@@ -103,7 +103,11 @@ pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<Stor
 
 /// The stored events with `seq >= from`, found with one reverse lookup and a forward scan. Blocks
 /// are decoded but, without the prefix, their digests cannot be checked: `verify` and `load` do.
-pub(crate) fn read_from(txn: &ReadTransaction, session: SessionId, from: u64) -> Result<Vec<Event>> {
+pub(crate) fn read_from(
+    txn: &ReadTransaction,
+    session: SessionId,
+    from: u64,
+) -> Result<Vec<Event>> {
     let record = read_record(txn, session)?;
     if from >= record.next_seq {
         return Ok(Vec::new());
@@ -122,7 +126,8 @@ pub(crate) fn read_from(txn: &ReadTransaction, session: SessionId, from: u64) ->
         for item in Records::new(block.records, first_seq) {
             let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
             if seq >= from {
-                events.push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+                events
+                    .push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
             }
         }
     }

@@ -10,11 +10,14 @@ use lineage_log::{
     Digest, Encoder, Event, EventKind, Header, SessionId, Structure, check_append, check_seed,
     interrupted_turn_closers,
 };
-use redb::{ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend};
+use redb::{
+    ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, StorageBackend,
+};
 use uuid::Uuid;
 
 use crate::layout::{
-    Block, CHILDREN, EVENTS, META, META_FORMAT, META_MAGIC, META_STORE_ID, MAGIC, SESSIONS,
+    Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord,
 };
 use crate::read::{read_from, read_log, read_record};
@@ -29,6 +32,9 @@ pub const STORE_FORMAT_VERSION: u32 = 1;
 /// batches admitted close together share one commit. A flush skips the wait.
 pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(200);
 
+/// The default page cache of an open store.
+pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Tuning of a writable store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -39,6 +45,9 @@ pub struct StoreOptions {
     pub block_events: usize,
     /// The most record bytes one stored block holds (a single larger record gets a block alone).
     pub block_bytes: usize,
+    /// The storage engine's page cache, in bytes. Reads stream through it, so it bounds the
+    /// memory a scan of a large session adds on top of the decoded events.
+    pub cache_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -47,6 +56,7 @@ impl Default for StoreOptions {
             commit_window: DEFAULT_COMMIT_WINDOW,
             block_events: 512,
             block_bytes: 64 * 1024,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -171,17 +181,28 @@ fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError {
                 reason,
             }
         }
+        redb::DatabaseError::Storage(redb::StorageError::Io(e))
+            if e.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            StoreError::NotAStore {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            }
+        }
         redb::DatabaseError::UpgradeRequired(version) => StoreError::NotAStore {
             path: path.to_owned(),
-            reason: format!("a redb file in storage format {version}, which this build cannot read"),
+            reason: format!(
+                "a redb file in storage format {version}, which this build cannot read"
+            ),
         },
         other => other.into(),
     }
 }
 
-fn builder() -> redb::Builder {
+fn builder(cache_bytes: usize) -> redb::Builder {
     let mut builder = redb::Builder::new();
     builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+    builder.set_cache_size(cache_bytes);
     builder
 }
 
@@ -194,14 +215,16 @@ impl Store {
     /// Opens the store at `path` for writing, with `options`.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let path = path.as_ref();
-        let db = builder().create(path).map_err(|e| open_error(path, e))?;
+        let db = builder(options.cache_bytes)
+            .create(path)
+            .map_err(|e| open_error(path, e))?;
         Self::start(db, Some(path.to_owned()), options)
     }
 
     /// Opens a writable store over any redb storage backend (for example
     /// `redb::backends::InMemoryBackend`).
     pub fn with_backend(backend: impl StorageBackend, options: StoreOptions) -> Result<Store> {
-        let db = builder()
+        let db = builder(options.cache_bytes)
             .create_with_backend(backend)
             .map_err(|e| open_error(Path::new("<backend>"), e))?;
         Self::start(db, None, options)
@@ -210,7 +233,7 @@ impl Store {
     /// Opens the store at `path` read-only. Each read sees the writer's latest commit.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
         let path = path.as_ref();
-        let db = builder()
+        let db = builder(DEFAULT_CACHE_BYTES)
             .open_read_only(path)
             .map_err(|e| open_error(path, e))?;
         let txn = db.begin_read()?;
@@ -627,7 +650,9 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
             return if txn.list_tables()?.next().is_none() {
                 Ok(None)
             } else {
-                Err(not_a_store("a redb database without Lineage's tables".into()))
+                Err(not_a_store(
+                    "a redb database without Lineage's tables".into(),
+                ))
             };
         }
         Err(redb::TableError::TableTypeMismatch { .. }) => {

@@ -9,9 +9,9 @@ use lineage_log::{
 };
 use redb::ReadableTable;
 
+use crate::Result;
 use crate::layout::{Block, CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
 use crate::store::Store;
-use crate::Result;
 
 /// What `verify` found wrong with one session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,12 +93,18 @@ impl fmt::Display for Problem {
                 first_seq,
                 last_seq,
                 reason,
-            } => write!(f, "block of seqs {first_seq}..={last_seq} is corrupt: {reason}"),
+            } => write!(
+                f,
+                "block of seqs {first_seq}..={last_seq} is corrupt: {reason}"
+            ),
             Problem::CorruptRecord { seq, reason } => {
                 write!(f, "record at seq {seq} is corrupt: {reason}")
             }
             Problem::SeqGap { expected, found } => {
-                write!(f, "seq gap: expected a block at seq {expected}, found one at {found}")
+                write!(
+                    f,
+                    "seq gap: expected a block at seq {expected}, found one at {found}"
+                )
             }
             Problem::InvalidEvent { seq, reason } => write!(f, "event at seq {seq}: {reason}"),
             Problem::HeadMismatch { reason } => write!(f, "head mismatch: {reason}"),
@@ -199,7 +205,10 @@ impl Store {
             if let Some(parent) = record.header.parent
                 && records.contains_key(&parent)
             {
-                wanted.entry(parent).or_default().insert(record.header.seed_len);
+                wanted
+                    .entry(parent)
+                    .or_default()
+                    .insert(record.header.seed_len);
             }
         }
 
@@ -248,11 +257,16 @@ impl Store {
                     .and_then(|s| s.lineage.as_ref())
                     .map(|l| l.seed_digest);
                 if parent_scan.captured.get(&seed_len).copied() != ours || ours.is_none() {
-                    report.problems.push(Problem::SeedDigestMismatch { parent, seed_len });
+                    report
+                        .problems
+                        .push(Problem::SeedDigestMismatch { parent, seed_len });
                 }
             }
-            for &(_, child) in index.range((session, SessionId::from_u128(0))..=(session, SessionId::from_u128(u128::MAX))) {
-                let names_us = matches!(records.get(&child), Some(Ok(r)) if r.header.parent == Some(session));
+            for &(_, child) in index.range(
+                (session, SessionId::from_u128(0))..=(session, SessionId::from_u128(u128::MAX)),
+            ) {
+                let names_us =
+                    matches!(records.get(&child), Some(Ok(r)) if r.header.parent == Some(session));
                 if !names_us {
                     report.problems.push(Problem::StrayChildIndex { child });
                 }

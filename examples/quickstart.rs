@@ -35,10 +35,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let turn: Vec<EventBody> = vec![
         TurnStart { turn: 1 }.into(),
         StepStart { turn: 1, step: 1 }.into(),
-        EventBody::UserMessage(Message::user_text(
-            "What keeps a session durable?",
-            MessageSource::User,
-        )),
+        Message::user_text("What keeps a session durable?", MessageSource::User).into(),
         AssistantMessage {
             turn: 1,
             step: 1,

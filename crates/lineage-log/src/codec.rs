@@ -16,7 +16,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::CustomWire;
+use crate::event::{CustomWire, CustomWireRef};
 use crate::{Custom, Event, EventBody, EventKind, LogError, Opaque};
 
 /// The flag bit that marks a record ignorable.
@@ -114,12 +114,10 @@ impl Encoder {
             EventBody::SubagentDescriptor(p) => postcard::to_io(p, &mut *scratch).map(drop),
             EventBody::ApprovalPolicy(p) => postcard::to_io(p, &mut *scratch).map(drop),
             EventBody::SandboxMode(p) => postcard::to_io(p, &mut *scratch).map(drop),
-            EventBody::Custom(Custom {
-                type_name, payload, ..
-            }) => postcard::to_io(
-                &CustomWire {
-                    type_name: type_name.clone(),
-                    payload: payload.clone(),
+            EventBody::Custom(custom) => postcard::to_io(
+                &CustomWireRef {
+                    type_name: &custom.type_name,
+                    payload: &custom.payload,
                 },
                 &mut *scratch,
             )
@@ -267,6 +265,12 @@ pub fn decode_record(seq: u64, record: &RawRecord<'_>) -> Result<Event, LogError
             flags: record.flags,
         });
     }
+    if record.tag == 0 {
+        return Err(LogError::Corrupt {
+            seq,
+            reason: "tag 0 is reserved and never written".into(),
+        });
+    }
     let Some(kind) = record.kind() else {
         if record.ignorable() {
             let body = EventBody::Opaque(Opaque {
@@ -280,6 +284,12 @@ pub fn decode_record(seq: u64, record: &RawRecord<'_>) -> Result<Event, LogError
             tag: record.tag,
         });
     };
+    if record.ignorable() && kind != EventKind::Custom {
+        return Err(LogError::Corrupt {
+            seq,
+            reason: format!("a {kind} record cannot be marked ignorable"),
+        });
+    }
     fn payload<'de, T: Deserialize<'de>>(seq: u64, bytes: &'de [u8]) -> Result<T, LogError> {
         let (value, rest) = postcard::take_from_bytes(bytes).map_err(|e| LogError::Corrupt {
             seq,
@@ -311,11 +321,11 @@ pub fn decode_record(seq: u64, record: &RawRecord<'_>) -> Result<Event, LogError
         EventKind::SandboxMode => EventBody::SandboxMode(payload(seq, p)?),
         EventKind::Custom => {
             let wire: CustomWire = payload(seq, p)?;
-            EventBody::Custom(Custom {
+            EventBody::Custom(Box::new(Custom {
                 type_name: wire.type_name,
                 payload: wire.payload,
                 ignorable: record.ignorable(),
-            })
+            }))
         }
         EventKind::Opaque => unreachable!("from_tag never yields Opaque"),
     };

@@ -160,6 +160,9 @@ impl fmt::Display for EventKind {
 }
 
 /// What an event says.
+///
+/// Large, rare payloads are boxed so that an `Event` stays small: a replayed log is mostly stream
+/// chunks, and its size in memory is dominated by `size_of::<Event>()`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
 pub enum EventBody {
@@ -177,28 +180,28 @@ pub enum EventBody {
     StepEnd(StepEnd),
     /// A user-role message enters the history.
     #[serde(rename = "user/message")]
-    UserMessage(Message),
+    UserMessage(Box<Message>),
     /// One raw chunk of the model's stream.
     #[serde(rename = "assistant/chunk")]
     AssistantChunk(AssistantChunk),
     /// The model's assembled message for a step.
     #[serde(rename = "assistant/message")]
-    AssistantMessage(AssistantMessage),
+    AssistantMessage(Box<AssistantMessage>),
     /// A tool call starts.
     #[serde(rename = "tool/call")]
-    ToolCall(ToolCall),
+    ToolCall(Box<ToolCall>),
     /// A tool call's result.
     #[serde(rename = "tool/result")]
-    ToolResult(ToolResult),
+    ToolResult(Box<ToolResult>),
     /// The agent's inbox changed.
     #[serde(rename = "inbox/spliced")]
     InboxSpliced(InboxSpliced),
     /// Where this session's own suffix starts and whose history it inherited.
     #[serde(rename = "session/lineage")]
-    SessionLineage(SessionLineage),
+    SessionLineage(Box<SessionLineage>),
     /// What kind of delegated child this session is.
     #[serde(rename = "subagent/descriptor")]
-    SubagentDescriptor(SubagentDescriptor),
+    SubagentDescriptor(Box<SubagentDescriptor>),
     /// An approval policy override.
     #[serde(rename = "approval/policy")]
     ApprovalPolicy(ApprovalPolicy),
@@ -207,7 +210,7 @@ pub enum EventBody {
     SandboxMode(SandboxMode),
     /// A host extension's event.
     #[serde(rename = "custom")]
-    Custom(Custom),
+    Custom(Box<Custom>),
     /// A record this build cannot interpret, kept intact because its writer marked it ignorable.
     #[serde(rename = "opaque")]
     Opaque(Opaque),
@@ -258,22 +261,36 @@ macro_rules! into_body {
     };
 }
 
+macro_rules! into_boxed_body {
+    ($($variant:ident($ty:ty)),* $(,)?) => {
+        $(impl From<$ty> for EventBody {
+            fn from(payload: $ty) -> Self {
+                EventBody::$variant(Box::new(payload))
+            }
+        })*
+    };
+}
+
 into_body!(
     TurnStart(TurnStart),
     TurnEnd(TurnEnd),
     StepStart(StepStart),
     StepEnd(StepEnd),
     AssistantChunk(AssistantChunk),
+    InboxSpliced(InboxSpliced),
+    ApprovalPolicy(ApprovalPolicy),
+    SandboxMode(SandboxMode),
+    Opaque(Opaque),
+);
+
+into_boxed_body!(
+    UserMessage(Message),
     AssistantMessage(AssistantMessage),
     ToolCall(ToolCall),
     ToolResult(ToolResult),
-    InboxSpliced(InboxSpliced),
     SessionLineage(SessionLineage),
     SubagentDescriptor(SubagentDescriptor),
-    ApprovalPolicy(ApprovalPolicy),
-    SandboxMode(SandboxMode),
     Custom(Custom),
-    Opaque(Opaque),
 );
 
 /// `turn/start`.
@@ -305,7 +322,7 @@ pub enum TurnEndReason {
     /// A hook or policy blocked the turn.
     Blocked,
     /// The turn failed.
-    Error(TurnError),
+    Error(Box<TurnError>),
     /// The model ran out of output tokens.
     MaxTokens,
     /// The process stopped mid-turn; written only by crash repair.
@@ -397,30 +414,34 @@ pub enum StreamChunk {
         text: Text,
     },
     /// More arguments for a tool-call block.
-    ToolCallDelta {
-        /// The block's index.
-        index: u32,
-        /// The call's id.
-        id: CallId,
-        /// The tool's name, on the first delta.
-        name: Option<Text>,
-        /// More of the raw JSON arguments.
-        arguments_delta: Text,
-    },
+    ToolCallDelta(Box<ToolCallDelta>),
     /// A content block closes; the block given here is authoritative.
     BlockEnd {
         /// The block's index.
         index: u32,
         /// The assembled block.
-        block: crate::ContentBlock,
+        block: Box<crate::ContentBlock>,
     },
     /// Token usage for the call.
-    Usage(Usage),
+    Usage(Box<Usage>),
     /// The stream ends.
     Finish {
         /// Why.
         reason: FinishReason,
     },
+}
+
+/// A delta of a tool call's arguments.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// The block's index.
+    pub index: u32,
+    /// The call's id.
+    pub id: CallId,
+    /// The tool's name, on the first delta.
+    pub name: Option<Text>,
+    /// More of the raw JSON arguments.
+    pub arguments_delta: Text,
 }
 
 /// What a content block holds.
@@ -444,9 +465,9 @@ pub enum FinishReason {
     /// The model ran out of output tokens.
     MaxTokens,
     /// The call failed.
-    Error(ModelFailure),
+    Error(Box<ModelFailure>),
     /// The call was cancelled.
-    Aborted(ModelFailure),
+    Aborted(Box<ModelFailure>),
 }
 
 /// A model call's failure.
@@ -555,7 +576,7 @@ pub struct SessionLineage {
     pub parent: SessionId,
     /// How many leading events were inherited from the parent.
     pub seed_len: u64,
-    /// The parent's running digest at `seed_len - 1` ([`Digest::EMPTY`] for an empty seed).
+    /// The parent's running digest at `seed_len - 1` ([`Digest::of_empty`] for an empty seed).
     pub seed_digest: Digest,
     /// The child's delegation depth (a top-level session has depth 0).
     pub delegation_depth: u32,
@@ -582,7 +603,8 @@ pub struct ToolFilter {
 /// `subagent/descriptor`: what a delegated child is, so it can be resumed without its provider.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubagentDescriptor {
-    /// The descriptor format version.
+    /// The descriptor's semantic version, as the delegation layer defines it (what its fields
+    /// mean, not how they are encoded: the encoding of a variant never changes).
     pub version: u32,
     /// One-shot or continuable.
     pub mode: DescriptorMode,
@@ -648,6 +670,13 @@ pub struct Custom {
 pub(crate) struct CustomWire {
     pub type_name: Text,
     pub payload: Text,
+}
+
+/// [`CustomWire`], borrowed, for encoding without copying.
+#[derive(Serialize)]
+pub(crate) struct CustomWireRef<'a> {
+    pub type_name: &'a str,
+    pub payload: &'a str,
 }
 
 /// A record with a tag this build does not know, which its writer marked ignorable. It is kept

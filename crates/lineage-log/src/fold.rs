@@ -10,7 +10,7 @@ use crate::{
 /// hold its ancestors' lineage events; its own comes after them, at `seq == seed_len`.
 pub fn fold_lineage(events: &[Event]) -> Option<&SessionLineage> {
     events.iter().rev().find_map(|e| match &e.body {
-        EventBody::SessionLineage(lineage) => Some(lineage),
+        EventBody::SessionLineage(lineage) => Some(&**lineage),
         _ => None,
     })
 }
@@ -29,7 +29,7 @@ pub fn own_suffix(events: &[Event]) -> &[Event] {
 /// The session's descriptor: the first `subagent/descriptor` of its own suffix.
 pub fn fold_descriptor(events: &[Event]) -> Option<&SubagentDescriptor> {
     own_suffix(events).iter().find_map(|e| match &e.body {
-        EventBody::SubagentDescriptor(d) => Some(d),
+        EventBody::SubagentDescriptor(d) => Some(&**d),
         _ => None,
     })
 }

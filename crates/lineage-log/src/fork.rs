@@ -16,6 +16,13 @@ pub struct ForkSpec {
     pub delegation_depth: u32,
 }
 
+impl ForkSpec {
+    /// The time of the child's `session/lineage` event.
+    pub fn lineage_time(&self) -> i64 {
+        i64::try_from(self.time_ms).unwrap_or(i64::MAX)
+    }
+}
+
 /// A fork's child: its header and its log (the inherited prefix, then `session/lineage`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forked {
@@ -55,7 +62,7 @@ pub fn fork_session(
     let header = child_header(parent, spec, &lineage);
     let mut child_events = Vec::with_capacity(seed.len() + 1);
     child_events.extend_from_slice(seed);
-    child_events.push(Event::new(seed_len, spec.time_ms as i64, lineage));
+    child_events.push(Event::new(seed_len, spec.lineage_time(), lineage));
     Ok(Forked {
         header,
         events: child_events,

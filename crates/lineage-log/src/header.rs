@@ -6,10 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Digest, LogError, SessionId, Text};
 
-/// The version of the log format this build reads and writes.
+/// The version of the log format (the record codec and the header) this build reads and writes.
 ///
-/// It is stamped into every header and into the store's `meta` table. A reader refuses any other
-/// version: a newer one needs a newer Lineage, an older one has no upgrade path yet.
+/// It is stamped into every header; the store's layout has its own version in its `meta` table. A
+/// reader refuses any other version: a newer one needs a newer Lineage, an older one has no upgrade
+/// path yet.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Why a session exists, when it is not a top-level session.

@@ -31,7 +31,7 @@ pub use event::{
     AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, Custom,
     DescriptorMode, Event, EventBody, EventKind, FinishReason, InboxSpliced, InboxTarget,
     ModelFailure, Opaque, PolicySource, SandboxMode, SessionLineage, StepEnd, StepNo, StepStart,
-    StreamChunk, SubagentDescriptor, ToolCall, ToolError, ToolFilter, ToolResult, TurnEnd,
+    StreamChunk, SubagentDescriptor, ToolCall, ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd,
     TurnEndReason, TurnError, TurnNo, TurnStart, Usage,
 };
 pub use fold::{
@@ -41,7 +41,7 @@ pub use fold::{
 pub use fork::{ForkSpec, Forked, child_header, fork_session};
 pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
 pub use ids::{CallId, MessageId, RunId, SessionId};
-pub use message::{ContentBlock, Message, MessageSource, Role};
+pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};
 pub use rules::{
     Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append, check_seed,
     check_shape, completed_turn_prefix, interrupted_turn_closers, is_balanced, last_turn_marker,

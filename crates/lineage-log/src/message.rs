@@ -4,6 +4,45 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CallId, MessageId, SessionId, Text};
 
+/// How deep tool results may nest inside tool results. Real logs nest once (a result holds text);
+/// the bound keeps decoding and encoding of any record within a fixed stack depth.
+pub const MAX_NESTING: usize = 8;
+
+mod nested {
+    use std::cell::Cell;
+
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    use super::{ContentBlock, MAX_NESTING};
+
+    thread_local! {
+        /// Tool-result levels being decoded on this thread right now.
+        static DEPTH: Cell<usize> = const { Cell::new(0) };
+    }
+
+    struct Level;
+
+    impl Drop for Level {
+        fn drop(&mut self) {
+            DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+
+    pub(super) fn blocks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ContentBlock>, D::Error> {
+        let depth = DEPTH.with(|d| {
+            d.set(d.get() + 1);
+            d.get()
+        });
+        let _level = Level;
+        if depth > MAX_NESTING {
+            return Err(D::Error::custom(format!(
+                "tool results nest deeper than {MAX_NESTING} levels"
+            )));
+        }
+        Vec::<ContentBlock>::deserialize(d)
+    }
+}
+
 /// Who speaks a message in the model's history.
 ///
 /// Tool results are spoken by the user side, as model APIs expect.
@@ -48,7 +87,9 @@ pub enum ContentBlock {
     ToolResult {
         /// The call this answers.
         tool_call_id: CallId,
-        /// The result's content.
+        /// The result's content. Tool results nest at most [`MAX_NESTING`] deep, so that
+        /// decoding a hostile record cannot exhaust the stack.
+        #[serde(deserialize_with = "nested::blocks")]
         content: Vec<ContentBlock>,
         /// Whether the call failed.
         is_error: bool,
@@ -59,6 +100,20 @@ impl ContentBlock {
     /// A text block.
     pub fn text(text: impl Into<Text>) -> Self {
         ContentBlock::Text { text: text.into() }
+    }
+
+    /// How many tool results nest in this block (0 for a block that is not a tool result).
+    pub fn nesting(&self) -> usize {
+        // Iterative, so that a deep value built in memory cannot exhaust the stack either.
+        let mut deepest = 0;
+        let mut stack: Vec<(&ContentBlock, usize)> = vec![(self, 0)];
+        while let Some((block, depth)) = stack.pop() {
+            if let ContentBlock::ToolResult { content, .. } = block {
+                deepest = deepest.max(depth + 1);
+                stack.extend(content.iter().map(|b| (b, depth + 1)));
+            }
+        }
+        deepest
     }
 }
 

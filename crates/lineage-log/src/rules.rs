@@ -1,6 +1,7 @@
 //! The log's rules as pure functions: event shape, turn structure, the append and seed contracts,
 //! balance, and the closers that crash repair appends.
 
+use crate::message::MAX_NESTING;
 use crate::{
     CallId, ContentBlock, Event, EventBody, EventKind, LogError, Message, MessageId, MessageSource,
     Role, StepEnd, StepNo, Text, ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo,
@@ -26,6 +27,15 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
             return Err(format!("{what} must have role user"));
         }
         Ok(())
+    }
+    for message in messages_of(&event.body) {
+        if let Some(depth) = message.content.iter().map(ContentBlock::nesting).max()
+            && depth > MAX_NESTING
+        {
+            return Err(format!(
+                "tool results nest {depth} levels deep, more than the {MAX_NESTING} allowed"
+            ));
+        }
     }
     match &event.body {
         EventBody::UserMessage(message) => user(message, "message"),
@@ -68,8 +78,26 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
         EventBody::Custom(custom) if custom.type_name.is_empty() => {
             Err("custom event must name its type".into())
         }
+        EventBody::Opaque(opaque) if opaque.tag == 0 || EventKind::from_tag(opaque.tag).is_some() => {
+            Err(format!(
+                "an opaque record cannot carry tag {}, which is reserved or known",
+                opaque.tag
+            ))
+        }
         _ => Ok(()),
     }
+}
+
+/// The messages an event carries.
+fn messages_of(body: &EventBody) -> impl Iterator<Item = &Message> {
+    let (one, many): (Option<&Message>, &[Message]) = match body {
+        EventBody::UserMessage(m) => (Some(m), &[]),
+        EventBody::AssistantMessage(m) => (Some(&m.message), &[]),
+        EventBody::ToolResult(r) => (Some(&r.message), &[]),
+        EventBody::InboxSpliced(s) => (None, &s.inserted),
+        _ => (None, &[]),
+    };
+    one.into_iter().chain(many)
 }
 
 /// The turn and step structure of a log, folded event by event.

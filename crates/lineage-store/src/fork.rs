@@ -104,7 +104,7 @@ impl Store {
             delegation_depth: spec.delegation_depth,
         };
         let header = child_header(&record.header, spec, &lineage);
-        let lineage_event = lineage_log::Event::new(seed_len, spec.time_ms as i64, lineage);
+        let lineage_event = lineage_log::Event::new(seed_len, spec.lineage_time(), lineage);
         let mut structure = Structure::balanced_at(seed_len, last_turn);
         structure
             .admit(&lineage_event)

@@ -378,6 +378,17 @@ impl Store {
         if events.is_empty() {
             return Ok(());
         }
+        // Shapes first: encoding walks each payload, so a hostile value is refused before that.
+        for event in events {
+            lineage_log::check_shape(event).map_err(|reason| StoreError::Rejected {
+                session,
+                source: lineage_log::LogError::InvalidEvent {
+                    seq: event.seq,
+                    kind: event.kind(),
+                    reason,
+                },
+            })?;
+        }
         let mut records = Vec::with_capacity(events.len() * 48);
         let mut ends = Vec::with_capacity(events.len());
         let mut encoder = Encoder::new();

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use lineage_log::{
-    Chain, Digest, EventBody, Header, Origin, Records, SessionId, SessionLineage, Structure,
+    Chain, Digest, Encoder, EventBody, Header, Origin, Records, SessionId, SessionLineage, Structure,
     decode_record,
 };
 use redb::ReadableTable;
@@ -293,6 +293,8 @@ fn scan_session(
     let mut structure = Structure::new();
     let mut structure_intact = true;
     let mut expected = 0u64;
+    let mut encoder = Encoder::new();
+    let mut canonical = Vec::new();
     for entry in events.range(session_blocks(session))? {
         let (key, value) = entry?;
         let first_seq = key.value().1;
@@ -365,6 +367,14 @@ fn scan_session(
                     continue;
                 }
             };
+            canonical.clear();
+            encoder.encode(&event, &mut canonical);
+            if canonical != raw.bytes {
+                problems.push(Problem::CorruptRecord {
+                    seq,
+                    reason: "decodes, but does not re-encode to its stored bytes".into(),
+                });
+            }
             if structure_intact && let Err(e) = structure.admit(&event) {
                 problems.push(Problem::InvalidEvent {
                     seq,
@@ -374,7 +384,7 @@ fn scan_session(
             }
             match event.body {
                 EventBody::SessionLineage(lineage) => {
-                    scan.lineage = Some(lineage);
+                    scan.lineage = Some(*lineage);
                     scan.has_descriptor = false;
                 }
                 EventBody::SubagentDescriptor(_) => scan.has_descriptor = true,

@@ -205,3 +205,75 @@ impl Message {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Event, EventBody, LogError, check_shape, decode_record, split_record};
+
+    fn nested(depth: usize) -> ContentBlock {
+        let mut block = ContentBlock::text("innermost");
+        for _ in 0..depth {
+            block = ContentBlock::ToolResult {
+                tool_call_id: CallId::new("c"),
+                content: vec![block],
+                is_error: false,
+            };
+        }
+        block
+    }
+
+    fn user_message(content: ContentBlock) -> Event {
+        let message = Message {
+            id: MessageId::from_u128(1),
+            role: Role::User,
+            content: vec![content],
+            source: MessageSource::User,
+        };
+        Event::new(0, 0, EventBody::from(message))
+    }
+
+    #[test]
+    fn nesting_counts_tool_result_levels() {
+        assert_eq!(ContentBlock::text("x").nesting(), 0);
+        assert_eq!(nested(1).nesting(), 1);
+        assert_eq!(nested(MAX_NESTING).nesting(), MAX_NESTING);
+    }
+
+    #[test]
+    fn shape_check_refuses_nesting_past_the_limit() {
+        assert!(check_shape(&user_message(nested(MAX_NESTING))).is_ok());
+        let err = check_shape(&user_message(nested(MAX_NESTING + 1))).unwrap_err();
+        assert!(err.contains("nest"), "{err}");
+    }
+
+    #[test]
+    fn decoding_refuses_nesting_past_the_limit() {
+        let ok = crate::encode_record(&user_message(nested(MAX_NESTING)));
+        let (raw, _) = split_record(&ok, 0).unwrap();
+        assert!(decode_record(0, &raw).is_ok());
+        let deep = crate::encode_record(&user_message(nested(MAX_NESTING + 1)));
+        let (raw, _) = split_record(&deep, 0).unwrap();
+        assert!(matches!(decode_record(0, &raw), Err(LogError::Corrupt { seq: 0, .. })));
+    }
+
+    #[test]
+    fn a_hostile_deeply_nested_record_is_an_error_not_a_stack_overflow() {
+        // A user message payload: id (length-prefixed 16 bytes), role, one content block, then a
+        // hundred thousand tool-result levels, each `variant 4, empty call id, one block`. The
+        // record is cut off after them: decoding must stop at the nesting limit first.
+        let mut payload = vec![16];
+        payload.extend_from_slice(&[0u8; 16]);
+        payload.extend_from_slice(&[0, 1]);
+        for _ in 0..100_000 {
+            payload.extend_from_slice(&[4, 0, 1]);
+        }
+        let mut body = vec![5, 0, 0]; // tag user/message, flags, time 0
+        body.extend_from_slice(&payload);
+        let mut record = Vec::new();
+        crate::put_varint(&mut record, body.len() as u64);
+        record.extend_from_slice(&body);
+        let (raw, _) = split_record(&record, 3).unwrap();
+        assert!(matches!(decode_record(3, &raw), Err(LogError::Corrupt { seq: 3, .. })));
+    }
+}

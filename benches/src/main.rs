@@ -1,0 +1,720 @@
+//! `lineage-bench`: runs every measurement against every baseline in one process, prints the
+//! comparison table and writes it as JSON.
+//!
+//! ```text
+//! lineage-bench [--sizes 1k,100k,1.3m] [--quick] [--json PATH]
+//! ```
+//!
+//! `--quick` runs the smallest size with few repetitions (what CI runs, so the benchmarks never rot).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use lineage_bench::fixture::{Fixture, file_size};
+use lineage_bench::measure::{peak_rss_bytes, time, time_per_call};
+use lineage_bench::{jsonl, limits, sqlite};
+use lineage_log::{Digest, Encoder, Event, ForkSpec, Header, SessionId, SessionLineage};
+use lineage_store::{Store, StoreOptions};
+use serde_json::{Value, json};
+
+struct Config {
+    sizes: Vec<usize>,
+    quick: bool,
+    json: PathBuf,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (number, scale) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1_000.0),
+        Some('m') => (&s[..s.len() - 1], 1_000_000.0),
+        _ => (&s[..], 1.0),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("bad size {s:?}"))?;
+    Ok((value * scale) as usize)
+}
+
+fn parse_args() -> Result<Config, String> {
+    let mut config = Config {
+        sizes: vec![1_000, 100_000, 1_300_000],
+        quick: false,
+        json: PathBuf::from("target/lineage-bench.json"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--sizes" => {
+                let list = args.next().ok_or("--sizes needs a list")?;
+                config.sizes = list.split(',').map(parse_size).collect::<Result<_, _>>()?;
+            }
+            "--quick" => {
+                config.quick = true;
+                config.sizes = vec![1_000];
+            }
+            "--json" => config.json = PathBuf::from(args.next().ok_or("--json needs a path")?),
+            "--help" | "-h" => {
+                println!("lineage-bench [--sizes 1k,100k,1.3m] [--quick] [--json PATH]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(config)
+}
+
+/// One line of the comparison: a figure for Lineage and each contender measured in the same run.
+struct Row {
+    figure: String,
+    unit: &'static str,
+    lineage: f64,
+    others: Vec<(&'static str, f64)>,
+    /// The target, as text, and whether Lineage meets it.
+    target: Option<(String, bool)>,
+    /// Whether a larger value is better (throughput) or a smaller one (time, bytes).
+    higher_is_better: bool,
+}
+
+impl Row {
+    fn time(figure: String, lineage: Duration, others: Vec<(&'static str, Duration)>) -> Row {
+        Row {
+            figure,
+            unit: "ms",
+            lineage: lineage.as_secs_f64() * 1e3,
+            others: others
+                .into_iter()
+                .map(|(n, d)| (n, d.as_secs_f64() * 1e3))
+                .collect(),
+            target: None,
+            higher_is_better: false,
+        }
+    }
+
+    /// How many times better Lineage is than `other` (above 1: Lineage wins).
+    fn advantage(&self, other: f64) -> f64 {
+        if self.higher_is_better {
+            self.lineage / other
+        } else {
+            other / self.lineage
+        }
+    }
+}
+
+fn main() {
+    if run_child() {
+        return;
+    }
+    let config = match parse_args() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("lineage-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut kinds: Vec<Value> = Vec::new();
+    let runs = if config.quick { 3 } else { 7 };
+    let largest = config.sizes.iter().copied().max().unwrap_or(1_000);
+
+    for &size in &config.sizes {
+        eprintln!("building the {size}-event fixture");
+        let fixture = Fixture::build(size, 42);
+        measure_replay(&fixture, size == largest, runs, &mut rows, &mut kinds);
+        if size == 100_000 || (config.quick && size == largest) {
+            measure_fork(&fixture, runs, &mut rows);
+        }
+    }
+    measure_append(config.quick, &mut rows);
+    measure_listing(config.quick, &mut rows);
+
+    print_table(&rows);
+    let json = json!({
+        "machine": machine(),
+        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+        "bytes_by_kind": kinds,
+    });
+    if let Some(parent) = config.json.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    match std::fs::write(
+        &config.json,
+        serde_json::to_string_pretty(&json).expect("json"),
+    ) {
+        Ok(()) => eprintln!("wrote {}", config.json.display()),
+        Err(e) => eprintln!("could not write {}: {e}", config.json.display()),
+    }
+}
+
+fn label(size: usize) -> String {
+    match size {
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn measure_replay(
+    fixture: &Fixture,
+    largest: bool,
+    runs: usize,
+    rows: &mut Vec<Row>,
+    kinds: &mut Vec<Value>,
+) {
+    let n = fixture.events.len();
+    let size = label(n);
+    let session = fixture.session;
+    let key = *session.as_uuid().as_bytes();
+    eprintln!("replay, {size} events");
+
+    let lineage = time(runs, || {
+        let store = Store::open(&fixture.lineage).expect("open");
+        let loaded = store.load(session).expect("load");
+        assert_eq!(loaded.events.len(), n);
+        loaded
+    });
+    let jsonl = time(runs, || jsonl::load(&fixture.jsonl).expect("jsonl"));
+    let sqlite = time(runs, || {
+        let conn = sqlite::open(&fixture.sqlite).expect("sqlite");
+        sqlite::load_from(&conn, &key, 0).expect("sqlite load")
+    });
+    let limit_a = time(runs, || limits::decode_buffer(&fixture.records, n));
+    let floor_b = time(runs, || limits::floor(&fixture.raw).expect("floor"));
+    let mut row = Row::time(
+        format!("cold load, {size} events"),
+        lineage.median,
+        vec![
+            ("JSON Lines", jsonl.median),
+            ("SQLite", sqlite.median),
+            ("limit (a) in-memory decode", limit_a.median),
+            ("floor (b) page cache + hash", floor_b.median),
+        ],
+    );
+    if n >= 1_000_000 {
+        let ms = row.lineage;
+        let ok = ms <= 250.0
+            && row.advantage(row.others[0].1) >= 5.0
+            && row.advantage(row.others[1].1) >= 2.0
+            && ms / row.others[2].1 <= 1.5;
+        row.target = Some((
+            "≤ 250 ms, ≥ 5× JSONL, ≥ 2× SQLite, ≤ 1.5× limit (a)".into(),
+            ok,
+        ));
+    }
+    rows.push(row);
+
+    if largest {
+        eprintln!("peak memory, {size} events (separate processes)");
+        let mem = |what: &str, path: &Path| child_peak_rss(what, path, session);
+        let mut row = Row {
+            figure: format!("peak RSS of a load, {size} events"),
+            unit: "MiB",
+            lineage: mem("lineage", &fixture.lineage),
+            others: vec![
+                ("JSON Lines", mem("jsonl", &fixture.jsonl)),
+                ("SQLite", mem("sqlite", &fixture.sqlite)),
+                ("no load (process floor)", mem("none", &fixture.lineage)),
+            ],
+            target: None,
+            higher_is_better: false,
+        };
+        if n >= 1_000_000 {
+            row.target = Some(("≤ 400 MiB".into(), row.lineage <= 400.0));
+        }
+        rows.push(row);
+    }
+
+    eprintln!("tail read, {size} events");
+    let store = Store::open_read_only(&fixture.lineage).expect("open read-only");
+    let from = n.saturating_sub(50) as u64;
+    let budget = Duration::from_millis(300);
+    let lineage_tail = time_per_call(budget, 20, || store.read_from(session, from).expect("tail"));
+    let conn = sqlite::open(&fixture.sqlite).expect("sqlite");
+    let sqlite_tail = time_per_call(budget, 20, || {
+        sqlite::load_from(&conn, &key, from).expect("tail")
+    });
+    let jsonl_tail = time(runs.min(3), || {
+        let (_, events) = jsonl::load(&fixture.jsonl).expect("jsonl");
+        events[from as usize..].to_vec()
+    });
+    let mut row = Row {
+        figure: format!("tail read of 50 events, {size} events"),
+        unit: "µs",
+        lineage: lineage_tail.as_secs_f64() * 1e6,
+        others: vec![
+            ("JSON Lines (parse all)", jsonl_tail.secs() * 1e6),
+            ("SQLite", sqlite_tail.as_secs_f64() * 1e6),
+        ],
+        target: None,
+        higher_is_better: false,
+    };
+    if largest {
+        row.target = Some(("≤ 50 µs".into(), row.lineage <= 50.0));
+    }
+    rows.push(row);
+
+    eprintln!("verify and size, {size} events");
+    let verify = time(runs.min(3), || store.verify().expect("verify"));
+    rows.push(Row::time(
+        format!("verify whole store, {size} events"),
+        verify.median,
+        vec![],
+    ));
+    let stats = store.stats().expect("stats");
+    let sqlite_bytes =
+        file_size(&fixture.sqlite) + file_size(&fixture.sqlite.with_extension("sqlite-wal"));
+    rows.push(Row {
+        figure: format!("bytes on disk per event, {size} events"),
+        unit: "B",
+        lineage: stats.file_bytes.unwrap_or(0) as f64 / n as f64,
+        others: vec![
+            ("JSON Lines", file_size(&fixture.jsonl) as f64 / n as f64),
+            ("SQLite", sqlite_bytes as f64 / n as f64),
+            ("records alone", stats.record_bytes as f64 / n as f64),
+        ],
+        target: None,
+        higher_is_better: false,
+    });
+    if largest {
+        for (kind, k) in &stats.by_kind {
+            kinds.push(json!({
+                "kind": kind.name(),
+                "events": k.events,
+                "record_bytes": k.bytes,
+                "bytes_per_event": k.bytes as f64 / k.events.max(1) as f64,
+            }));
+        }
+    }
+}
+
+/// Peak resident memory, in MiB, of a fresh process that loads the session with `what`.
+fn child_peak_rss(what: &str, path: &Path, session: SessionId) -> f64 {
+    let exe = std::env::current_exe().expect("current exe");
+    let out = Command::new(exe)
+        .env("LINEAGE_BENCH_CHILD", what)
+        .env("LINEAGE_BENCH_PATH", path)
+        .env("LINEAGE_BENCH_SESSION", session.to_string())
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bytes: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("peak_rss="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "child {what} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The child side of [`child_peak_rss`]; returns whether this process is such a child.
+fn run_child() -> bool {
+    let Ok(what) = std::env::var("LINEAGE_BENCH_CHILD") else {
+        return false;
+    };
+    let path = PathBuf::from(std::env::var("LINEAGE_BENCH_PATH").expect("path"));
+    let session: SessionId = std::env::var("LINEAGE_BENCH_SESSION")
+        .expect("session")
+        .parse()
+        .expect("a session id");
+    let count = match what.as_str() {
+        "lineage" => Store::open(&path)
+            .expect("open")
+            .load(session)
+            .expect("load")
+            .events
+            .len(),
+        "jsonl" => jsonl::load(&path).expect("jsonl").1.len(),
+        "sqlite" => {
+            let conn = sqlite::open(&path).expect("sqlite");
+            sqlite::load_from(&conn, session.as_uuid().as_bytes(), 0)
+                .expect("load")
+                .len()
+        }
+        _ => 0,
+    };
+    println!("events={count}");
+    println!("peak_rss={}", peak_rss_bytes().unwrap_or(0));
+    true
+}
+
+fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) {
+    let n = fixture.events.len();
+    let size = label(n);
+    eprintln!("fork, {size} events");
+    let boundary = fixture.last_turn_end();
+    let seed_len = boundary + 1;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("fork.lineage");
+    std::fs::copy(&fixture.lineage, &path).expect("copy store");
+    let store = Store::open(&path).expect("open");
+    let lineage = time(runs, || {
+        store
+            .fork(
+                fixture.session,
+                &ForkSpec {
+                    child: SessionId::new(),
+                    boundary: Some(boundary),
+                    time_ms: 1_780_000_000_000,
+                    delegation_depth: 1,
+                },
+            )
+            .expect("fork")
+    });
+    let db = dir.path().join("fork.sqlite");
+    std::fs::copy(&fixture.sqlite, &db).expect("copy sqlite");
+    let mut conn = sqlite::open(&db).expect("sqlite");
+    let key = *fixture.session.as_uuid().as_bytes();
+    let sqlite = time(runs, || {
+        let child = *SessionId::new().as_uuid().as_bytes();
+        sqlite::fork(&mut conn, &key, &child, seed_len).expect("fork")
+    });
+    let mut i = 0;
+    let jsonl = time(runs, || {
+        i += 1;
+        jsonl::fork(
+            &fixture.jsonl,
+            &dir.path().join(format!("child-{i}.jsonl")),
+            seed_len as usize,
+        )
+        .expect("fork")
+    });
+    let mut row = Row::time(
+        format!("fork at the last completed turn, {size} events"),
+        lineage.median,
+        vec![("JSON Lines", jsonl.median), ("SQLite", sqlite.median)],
+    );
+    if n >= 100_000 {
+        row.target = Some(("≤ 50 ms".into(), row.lineage <= 50.0));
+    }
+    rows.push(row);
+}
+
+fn measure_append(quick: bool, rows: &mut Vec<Row>) {
+    let events = lineage_testkit::realistic_session(7, if quick { 4_000 } else { 100_000 });
+    let dir = tempfile::tempdir().expect("dir");
+    eprintln!("durable append, 512-event batches");
+    let batches: Vec<&[Event]> = events.chunks(512).collect();
+    let header = |id| Header::new(id, 1_780_000_000_000);
+
+    // Lineage.
+    let store = Store::open(dir.path().join("append.lineage")).expect("open");
+    let id = SessionId::new();
+    store.create(header(id)).expect("create");
+    let start = Instant::now();
+    for batch in &batches {
+        store.append(id, batch).expect("append");
+    }
+    let lineage = events.len() as f64 / start.elapsed().as_secs_f64();
+    // SQLite.
+    let mut conn = sqlite::open(&dir.path().join("append.sqlite")).expect("sqlite");
+    let key = *SessionId::new().as_uuid().as_bytes();
+    let mut encoder = Encoder::new();
+    let mut buf = Vec::new();
+    let start = Instant::now();
+    for batch in &batches {
+        buf.clear();
+        encoder.encode_all(batch.iter(), &mut buf);
+        sqlite::append(&mut conn, &key, batch[0].seq, &buf).expect("append");
+    }
+    let sqlite_rate = events.len() as f64 / start.elapsed().as_secs_f64();
+    // JSON Lines.
+    let path = dir.path().join("append.jsonl");
+    jsonl::write(&path, &header(SessionId::new()), &[]).expect("jsonl");
+    let start = Instant::now();
+    for batch in &batches {
+        jsonl::append(&path, batch, &mut buf).expect("append");
+    }
+    let jsonl_rate = events.len() as f64 / start.elapsed().as_secs_f64();
+    rows.push(Row {
+        figure: "durable append, 512-event batches".into(),
+        unit: "events/s",
+        lineage,
+        others: vec![("JSON Lines", jsonl_rate), ("SQLite", sqlite_rate)],
+        target: Some(("≥ 500k events/s".into(), lineage >= 500_000.0)),
+        higher_is_better: true,
+    });
+
+    eprintln!("durable append, single events");
+    let singles = if quick { 50 } else { 1_000 };
+    let id = SessionId::new();
+    store.create(header(id)).expect("create");
+    let start = Instant::now();
+    for event in &events[..singles] {
+        store
+            .append(id, std::slice::from_ref(event))
+            .expect("append");
+    }
+    let lineage_single = singles as f64 / start.elapsed().as_secs_f64();
+    let key = *SessionId::new().as_uuid().as_bytes();
+    let start = Instant::now();
+    for event in &events[..singles] {
+        buf.clear();
+        encoder.encode(event, &mut buf);
+        sqlite::append(&mut conn, &key, event.seq, &buf).expect("append");
+    }
+    let sqlite_single = singles as f64 / start.elapsed().as_secs_f64();
+    let path = dir.path().join("single.jsonl");
+    jsonl::write(&path, &header(SessionId::new()), &[]).expect("jsonl");
+    let start = Instant::now();
+    for event in &events[..singles] {
+        jsonl::append(&path, std::slice::from_ref(event), &mut buf).expect("append");
+    }
+    let jsonl_single = singles as f64 / start.elapsed().as_secs_f64();
+    rows.push(Row {
+        figure: "durable append, one event per commit".into(),
+        unit: "events/s",
+        lineage: lineage_single,
+        others: vec![("JSON Lines", jsonl_single), ("SQLite", sqlite_single)],
+        target: None,
+        higher_is_better: true,
+    });
+
+    eprintln!("group commit, 8 sessions");
+    let writers = 8;
+    let ids: Vec<SessionId> = (0..writers).map(|_| SessionId::new()).collect();
+    for &id in &ids {
+        store.create(header(id)).expect("create");
+    }
+    let barrier = Arc::new(Barrier::new(writers + 1));
+    let events = Arc::new(events[..singles].to_vec());
+    let threads: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let (store, barrier, events) = (store.clone(), barrier.clone(), events.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for event in events.iter() {
+                    store
+                        .append(id, std::slice::from_ref(event))
+                        .expect("append");
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for t in threads {
+        t.join().expect("writer");
+    }
+    let group = (writers * singles) as f64 / start.elapsed().as_secs_f64();
+    rows.push(Row {
+        figure: "group commit, 8 sessions appending one event per commit".into(),
+        unit: "events/s",
+        lineage: group,
+        others: vec![("Lineage, one session", lineage_single)],
+        target: None,
+        higher_is_better: true,
+    });
+}
+
+fn measure_listing(quick: bool, rows: &mut Vec<Row>) {
+    let dir = tempfile::tempdir().expect("dir");
+    let children = if quick { 100 } else { 1_000 };
+    let fanout = 10usize;
+    let depth = if quick { 2 } else { 4 };
+    eprintln!("listing: {children} children, a tree of fan-out {fanout} and depth {depth}");
+    let options = StoreOptions::default();
+    let store = Store::open_with(dir.path().join("tree.lineage"), options).expect("open");
+    let conn = sqlite::open(&dir.path().join("tree.sqlite")).expect("sqlite");
+    conn.execute_batch("BEGIN").expect("begin");
+    let jsonl_dir = dir.path().join("jsonl");
+    std::fs::create_dir_all(&jsonl_dir).expect("dir");
+
+    let add = |id: SessionId, parent: Option<SessionId>, jsonl_too: bool| {
+        let mut header = Header::new(id, 1_780_000_000_000);
+        let mut events = Vec::new();
+        if let Some(parent) = parent {
+            header.parent = Some(parent);
+            header.seed_digest = Some(Digest::of_empty());
+            events.push(Event::new(
+                0,
+                1_780_000_000_000,
+                SessionLineage {
+                    parent,
+                    seed_len: 0,
+                    seed_digest: Digest::of_empty(),
+                    delegation_depth: 1,
+                },
+            ));
+        } else {
+            events.push(Event::new(
+                0,
+                1_780_000_000_000,
+                lineage_log::TurnStart { turn: 1 },
+            ));
+            events.push(Event::new(
+                1,
+                1_780_000_000_000,
+                lineage_log::TurnEnd {
+                    turn: 1,
+                    reason: lineage_log::TurnEndReason::Completed,
+                },
+            ));
+        }
+        store.create(header.clone()).expect("create");
+        store.admit(id, &events).expect("admit");
+        let parent_key = parent.map(|p| *p.as_uuid().as_bytes());
+        sqlite::add_session(&conn, id.as_uuid().as_bytes(), parent_key.as_ref()).expect("sqlite");
+        if jsonl_too {
+            jsonl::write(&jsonl_dir.join(format!("{id}.jsonl")), &header, &events).expect("jsonl");
+        }
+    };
+    let parent = SessionId::new();
+    add(parent, None, true);
+    for _ in 0..children {
+        add(SessionId::new(), Some(parent), true);
+    }
+    let root = SessionId::new();
+    add(root, None, false);
+    let mut level = vec![root];
+    let mut nodes = 0;
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for &p in &level {
+            for _ in 0..fanout {
+                let id = SessionId::new();
+                add(id, Some(p), false);
+                next.push(id);
+                nodes += 1;
+            }
+        }
+        level = next;
+    }
+    store.flush_all().expect("flush");
+    conn.execute_batch("COMMIT").expect("commit");
+
+    let budget = Duration::from_millis(300);
+    let key = *parent.as_uuid().as_bytes();
+    let lineage = time_per_call(budget, 5, || {
+        let list = store.children(parent).expect("children");
+        assert_eq!(list.len(), children);
+        list
+    });
+    let sqlite_children = time_per_call(budget, 5, || {
+        sqlite::children(&conn, &key).expect("children")
+    });
+    let jsonl_children = time_per_call(budget, 2, || {
+        let mut found = 0usize;
+        for entry in std::fs::read_dir(&jsonl_dir).expect("dir") {
+            let path = entry.expect("entry").path();
+            let bytes = std::fs::read(&path).expect("read");
+            let first = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+            let header: Header = serde_json::from_slice(first).expect("header");
+            found += usize::from(header.parent == Some(parent));
+        }
+        assert_eq!(found, children);
+        found
+    });
+    rows.push(Row {
+        figure: format!("children of a parent with {children} children"),
+        unit: "µs",
+        lineage: lineage.as_secs_f64() * 1e6,
+        others: vec![
+            (
+                "JSON Lines (scan headers)",
+                jsonl_children.as_secs_f64() * 1e6,
+            ),
+            ("SQLite (indexed)", sqlite_children.as_secs_f64() * 1e6),
+        ],
+        target: None,
+        higher_is_better: false,
+    });
+    let walk = time_per_call(budget, 3, || {
+        let all = store.descendants(root).expect("descendants");
+        assert_eq!(all.len(), nodes);
+        all
+    });
+    let root_key = *root.as_uuid().as_bytes();
+    let sqlite_walk = time_per_call(budget, 3, || {
+        let mut stmt = conn
+            .prepare_cached(
+                "WITH RECURSIVE tree(id) AS (
+                     SELECT id FROM sessions WHERE parent = ?1
+                     UNION ALL SELECT s.id FROM sessions s JOIN tree t ON s.parent = t.id)
+                 SELECT count(*) FROM tree",
+            )
+            .expect("prepare");
+        let count: i64 = stmt.query_row([&root_key[..]], |r| r.get(0)).expect("walk");
+        assert_eq!(count as usize, nodes);
+        count
+    });
+    rows.push(Row {
+        figure: format!("descendant walk of {nodes} nodes"),
+        unit: "ms",
+        lineage: walk.as_secs_f64() * 1e3,
+        others: vec![("SQLite (recursive CTE)", sqlite_walk.as_secs_f64() * 1e3)],
+        target: None,
+        higher_is_better: false,
+    });
+}
+
+fn fmt_value(v: f64) -> String {
+    if v >= 100_000.0 {
+        format!("{:.0}k", v / 1e3)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!("| figure | unit | Lineage | contenders (value, Lineage's advantage) | target |");
+    println!("|---|---|---|---|---|");
+    for row in rows {
+        let others = row
+            .others
+            .iter()
+            .map(|(name, v)| format!("{name}: {} ({:.2}×)", fmt_value(*v), row.advantage(*v)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let target = match &row.target {
+            Some((text, true)) => format!("{text}: met"),
+            Some((text, false)) => format!("{text}: **missed**"),
+            None => String::new(),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            row.figure,
+            row.unit,
+            fmt_value(row.lineage),
+            others,
+            target
+        );
+    }
+}
+
+fn row_json(row: &Row) -> Value {
+    json!({
+        "figure": row.figure,
+        "unit": row.unit,
+        "lineage": row.lineage,
+        "higher_is_better": row.higher_is_better,
+        "contenders": row.others.iter().map(|(name, v)| json!({
+            "name": name, "value": v, "lineage_advantage": row.advantage(*v),
+        })).collect::<Vec<_>>(),
+        "target": row.target.as_ref().map(|(t, ok)| json!({"text": t, "met": ok})),
+    })
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_default();
+    json!({
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    })
+}

@@ -1,7 +1,10 @@
 //! Forking a session at a turn boundary.
 
-use crate::rules::{last_turn_marker, resolve_fork_boundary};
-use crate::{Chain, Encoder, Event, Header, LogError, SessionId, SessionLineage};
+use crate::rules::{check_seed, last_turn_marker, resolve_fork_boundary};
+use crate::{
+    Chain, Encoder, Event, EventBody, EventKind, Header, LogError, Origin, SessionId,
+    SessionLineage,
+};
 
 /// How to create a fork's child.
 #[derive(Clone, Debug)]
@@ -41,6 +44,18 @@ pub fn fork_session(
     events: &[Event],
     spec: &ForkSpec,
 ) -> Result<Forked, LogError> {
+    fork_session_with_setup(parent, events, spec, Vec::new())
+}
+
+/// [`fork_session`], with `setup` events written right after `session/lineage` (at the spec's
+/// time): a delegated child's `subagent/descriptor` and delegated policy overrides. The header is
+/// the fold of the child's own suffix, so a descriptor makes its origin `Subagent`.
+pub fn fork_session_with_setup(
+    parent: &Header,
+    events: &[Event],
+    spec: &ForkSpec,
+    setup: Vec<EventBody>,
+) -> Result<Forked, LogError> {
     let seed_len = resolve_fork_boundary(events.len() as u64, spec.boundary, |b| {
         last_turn_marker(&events[..=b as usize])
     })?;
@@ -59,14 +74,35 @@ pub fn fork_session(
         seed_digest: chain.digest(),
         delegation_depth: spec.delegation_depth,
     };
-    let header = child_header(parent, spec, &lineage);
-    let mut child_events = Vec::with_capacity(seed.len() + 1);
+    let mut header = child_header(parent, spec, &lineage);
+    let mut child_events = Vec::with_capacity(seed.len() + 1 + setup.len());
     child_events.extend_from_slice(seed);
     child_events.push(Event::new(seed_len, spec.lineage_time(), lineage));
+    let own = setup_events(seed_len + 1, spec.lineage_time(), setup);
+    header.origin = origin_of(&own);
+    child_events.extend(own);
+    // The inherited prefix is valid (it is the parent's); the child's whole log must be too.
+    check_seed(&child_events)?;
     Ok(Forked {
         header,
         events: child_events,
     })
+}
+
+/// Numbers `setup` from `first_seq`, all at `time_ms`.
+pub fn setup_events(first_seq: u64, time_ms: i64, setup: Vec<EventBody>) -> Vec<Event> {
+    setup
+        .into_iter()
+        .zip(first_seq..)
+        .map(|(body, seq)| Event::new(seq, time_ms, body))
+        .collect()
+}
+
+/// A child's origin as its own setup says: `Subagent` when it carries a descriptor.
+pub fn origin_of(own: &[Event]) -> Option<Origin> {
+    own.iter()
+        .any(|e| e.kind() == EventKind::SubagentDescriptor)
+        .then_some(Origin::Subagent)
 }
 
 /// The header of a fork's child, given its lineage event.

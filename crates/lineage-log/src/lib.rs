@@ -38,7 +38,9 @@ pub use fold::{
     PolicyOverrides, final_output, fold_delegation_depth, fold_descriptor, fold_header,
     fold_lineage, fold_policy, model_history, own_suffix, seed_len,
 };
-pub use fork::{ForkSpec, Forked, child_header, fork_session};
+pub use fork::{
+    ForkSpec, Forked, child_header, fork_session, fork_session_with_setup, origin_of, setup_events,
+};
 pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};

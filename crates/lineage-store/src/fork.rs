@@ -2,7 +2,7 @@
 
 use lineage_log::{
     Chain, EventBody, EventKind, ForkSpec, Header, Records, SessionLineage, Structure, TurnMarker,
-    child_header, decode_record, encode_record, resolve_fork_boundary,
+    child_header, decode_record, origin_of, resolve_fork_boundary, setup_events,
 };
 
 use crate::layout::{Block, EVENTS, session_blocks};
@@ -20,6 +20,18 @@ impl Store {
     /// in one transaction, and the children index gains `(parent, child)`. Refuses a taken child id
     /// first, then a boundary past the log or inside an open turn; the parent is untouched.
     pub fn fork(&self, parent: lineage_log::SessionId, spec: &ForkSpec) -> Result<Header> {
+        self.fork_with_setup(parent, spec, Vec::new())
+    }
+
+    /// [`Store::fork`], with `setup` events written right after `session/lineage`, in the same
+    /// transaction: a delegated child's `subagent/descriptor` and delegated policy overrides. The
+    /// child's header is the fold of its own suffix (a descriptor makes its origin `Subagent`).
+    pub fn fork_with_setup(
+        &self,
+        parent: lineage_log::SessionId,
+        spec: &ForkSpec,
+        setup: Vec<EventBody>,
+    ) -> Result<Header> {
         let child = spec.child;
         self.ensure_new(child)?;
         self.flush(parent)?;
@@ -103,18 +115,24 @@ impl Store {
             seed_digest: chain.digest(),
             delegation_depth: spec.delegation_depth,
         };
-        let header = child_header(&record.header, spec, &lineage);
-        let lineage_event = lineage_log::Event::new(seed_len, spec.lineage_time(), lineage);
+        let mut header = child_header(&record.header, spec, &lineage);
+        let mut own = vec![lineage_log::Event::new(seed_len, spec.lineage_time(), lineage)];
+        own.extend(setup_events(seed_len + 1, spec.lineage_time(), setup));
+        header.origin = origin_of(&own);
         let mut structure = Structure::balanced_at(seed_len, last_turn);
-        structure
-            .admit(&lineage_event)
-            .map_err(|e| StoreError::from_log(child, e))?;
-        let lineage_record = encode_record(&lineage_event);
-        chain.update(&lineage_record);
+        let mut own_records = Vec::new();
+        let mut encoder = lineage_log::Encoder::new();
+        for event in &own {
+            structure
+                .admit(event)
+                .map_err(|e| StoreError::from_log(child, e))?;
+            encoder.encode(event, &mut own_records);
+        }
+        chain.update(&own_records);
         blocks.push(PendingBlock {
             first_seq: seed_len,
-            count: 1,
-            records: lineage_record,
+            count: own.len() as u32,
+            records: own_records,
             digest: chain.digest(),
         });
 
@@ -129,7 +147,7 @@ impl Store {
                 header: header.clone(),
                 materialized: false,
                 revision: 0,
-                next_seq: seed_len + 1,
+                next_seq: seed_len + own.len() as u64,
                 structure,
                 chain,
                 pending: Vec::new(),

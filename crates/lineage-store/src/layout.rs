@@ -114,3 +114,43 @@ pub(crate) fn session_blocks(session: SessionId) -> std::ops::RangeInclusive<(u1
     let id = session.as_u128();
     (id, 0)..=(id, u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session rows of `schema/golden/session.txt` decode with the store's own type and
+    /// re-encode byte for byte, so the documented row layout is the one the store uses.
+    #[test]
+    fn golden_session_rows_round_trip() {
+        let text = include_str!("../../../schema/golden/session.txt");
+        let mut rows = 0;
+        for line in text.lines().filter(|l| l.starts_with("session/")) {
+            let (name, hex) = line.split_once(' ').expect("`name hex`");
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                .collect();
+            let (record, rest) = postcard::take_from_bytes::<SessionRecord>(&bytes)
+                .unwrap_or_else(|e| panic!("{name} does not decode: {e}"));
+            assert!(rest.is_empty(), "{name} has trailing bytes");
+            let decoded = SessionRecord::decode(record.header.id, &bytes).expect("decode");
+            assert_eq!(decoded.encode(), bytes, "{name} re-encodes differently");
+            rows += 1;
+        }
+        assert!(rows >= 2, "the golden file holds the session rows");
+    }
+
+    #[test]
+    fn a_row_of_another_session_is_refused() {
+        let header = Header::new(SessionId::from_u128(7), 0);
+        let record = SessionRecord {
+            header,
+            next_seq: 0,
+            head: lineage_log::Digest::of_empty(),
+            revision: 0,
+        };
+        let err = SessionRecord::decode(SessionId::from_u128(8), &record.encode()).unwrap_err();
+        assert!(matches!(err, StoreError::CorruptHeader { .. }), "{err}");
+    }
+}

@@ -70,20 +70,18 @@ impl Store {
                         break;
                     }
                     end += raw.bytes.len();
-                    match raw.kind() {
-                        Some(EventKind::TurnStart | EventKind::TurnEnd) => {
-                            let event = decode_record(seq, &raw)
-                                .map_err(|e| StoreError::from_log(parent, e))?;
-                            marker = Some(match event.body {
-                                EventBody::TurnStart(t) => TurnMarker::Start(t.turn),
-                                EventBody::TurnEnd(t) => {
-                                    last_turn = t.turn;
-                                    TurnMarker::End
-                                }
-                                _ => unreachable!("the kind was checked"),
-                            });
+                    // Only turn boundaries are decoded: the rest is copied as bytes.
+                    if let Some(EventKind::TurnStart | EventKind::TurnEnd) = raw.kind() {
+                        let event = decode_record(seq, &raw)
+                            .map_err(|e| StoreError::from_log(parent, e))?;
+                        match event.body {
+                            EventBody::TurnStart(t) => marker = Some(TurnMarker::Start(t.turn)),
+                            EventBody::TurnEnd(t) => {
+                                last_turn = t.turn;
+                                marker = Some(TurnMarker::End);
+                            }
+                            _ => {}
                         }
-                        _ => {}
                     }
                 }
                 let records = &block.records[..end];

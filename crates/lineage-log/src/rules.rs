@@ -134,6 +134,30 @@ impl Structure {
         }
     }
 
+    /// The structure at the end of `events`, a log already known to be valid (for example one
+    /// whose digests were checked): only its open tail turn, if any, is replayed. A replay error
+    /// means the log was not valid after all.
+    pub fn of_valid_log(events: &[Event]) -> Result<Self, LogError> {
+        let last_marker = events.iter().rposition(|e| {
+            matches!(e.kind(), EventKind::TurnStart | EventKind::TurnEnd)
+        });
+        let Some(at) = last_marker else {
+            return Ok(Structure::balanced_at(events.len() as u64, 0));
+        };
+        match &events[at].body {
+            EventBody::TurnEnd(end) => Ok(Structure::balanced_at(events.len() as u64, end.turn)),
+            EventBody::TurnStart(start) => {
+                let mut structure =
+                    Structure::balanced_at(at as u64, start.turn.saturating_sub(1));
+                for event in &events[at..] {
+                    structure.admit(event)?;
+                }
+                Ok(structure)
+            }
+            _ => unreachable!("the marker is a turn boundary"),
+        }
+    }
+
     /// The seq the next event must carry.
     pub fn next_seq(&self) -> u64 {
         self.next_seq

@@ -272,3 +272,19 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Replaying only the open tail turn of a valid log gives the structure a full replay gives,
+    /// for the log and for every prefix of it.
+    #[test]
+    fn the_structure_of_a_valid_log_needs_only_its_tail_turn(log in arb_valid_log(6)) {
+        for cut in 0..=log.len() {
+            let prefix = &log[..cut];
+            let full = lineage_log::check_seed(prefix).expect("generated logs are valid");
+            let tail = lineage_log::Structure::of_valid_log(prefix).expect("valid");
+            prop_assert_eq!(tail, full, "prefix of {} events", cut);
+        }
+    }
+}

@@ -25,17 +25,18 @@ pub(crate) fn read_record(txn: &ReadTransaction, session: SessionId) -> Result<S
     Ok(record)
 }
 
-/// Reads, digest-checks, decodes and structure-checks every event of `session`.
+/// Reads, digest-checks and decodes every event of `session`.
 ///
 /// Each block's records go through one running hasher and must reproduce the block's stored
-/// digest before any of them is decoded, so damage is reported as the block's seq range.
+/// digest before any of them is decoded, so damage is reported as the block's seq range. Intact
+/// digests prove the records are the ones the writer checked when it admitted them, so only the
+/// open tail turn is replayed to recover the structure; `verify` re-checks every rule.
 pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<StoredLog> {
     let record = read_record(txn, session)?;
     let table = txn.open_table(EVENTS)?;
     let capacity = usize::try_from(record.next_seq).unwrap_or(0).min(1 << 24);
     let mut events = Vec::with_capacity(capacity);
     let mut chain = Chain::new();
-    let mut structure = Structure::new();
     let mut expected = 0u64;
     for entry in table.range(session_blocks(session))? {
         let (key, value) = entry?;
@@ -62,13 +63,7 @@ pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<Stor
         let mut records = Records::new(block.records, first_seq);
         for item in records.by_ref() {
             let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-            let event = decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?;
-            structure.admit(&event).map_err(|e| StoreError::Corrupt {
-                session,
-                seq,
-                reason: e.to_string(),
-            })?;
-            events.push(event);
+            events.push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
         }
         if records.next_seq() != last_seq + 1 {
             return Err(StoreError::CorruptBlock {
@@ -93,6 +88,14 @@ pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<Stor
             ),
         });
     }
+    let structure = Structure::of_valid_log(&events).map_err(|e| match e {
+        lineage_log::LogError::InvalidEvent { seq, reason, .. } => StoreError::Corrupt {
+            session,
+            seq,
+            reason,
+        },
+        other => StoreError::from_log(session, other),
+    })?;
     Ok(StoredLog {
         record,
         events,

@@ -119,6 +119,12 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
+    /// The storage engine failed on a damaged file (it panicked; the panic was contained).
+    #[error("the store file is damaged: the storage engine failed reading it: {reason}")]
+    Damaged {
+        /// What the engine reported.
+        reason: String,
+    },
     /// The file is not a Lineage store.
     #[error("{} is not a Lineage store: {reason}", path.display())]
     NotAStore {

@@ -32,6 +32,18 @@ impl Store {
         spec: &ForkSpec,
         setup: Vec<EventBody>,
     ) -> Result<Header> {
+        crate::store::guard(|| self.fork_guarded(parent, spec, setup))
+    }
+
+    fn fork_guarded(
+        &self,
+        parent: lineage_log::SessionId,
+        spec: &ForkSpec,
+        setup: Vec<EventBody>,
+    ) -> Result<Header> {
+        if self.is_read_only() {
+            return Err(StoreError::ReadOnly);
+        }
         let child = spec.child;
         self.ensure_new(child)?;
         self.flush(parent)?;
@@ -85,9 +97,19 @@ impl Store {
                     }
                 }
                 let records = &block.records[..end];
-                chain.update(records);
                 let whole = block_last <= last;
-                if whole && chain.digest() != block.digest {
+                // A boundary block is copied only in part, but its digest covers it whole: check
+                // it on a copy of the chain, so a damaged record is never inherited.
+                let intact = if whole {
+                    chain.update(records);
+                    chain.digest() == block.digest
+                } else {
+                    let mut full = chain.clone();
+                    full.update(block.records);
+                    chain.update(records);
+                    full.digest() == block.digest
+                };
+                if !intact {
                     return Err(StoreError::CorruptBlock {
                         session: parent,
                         first_seq,
@@ -114,7 +136,11 @@ impl Store {
             delegation_depth: spec.delegation_depth,
         };
         let mut header = child_header(&record.header, spec, &lineage);
-        let mut own = vec![lineage_log::Event::new(seed_len, spec.lineage_time(), lineage)];
+        let mut own = vec![lineage_log::Event::new(
+            seed_len,
+            spec.lineage_time(),
+            lineage,
+        )];
         own.extend(setup_events(seed_len + 1, spec.lineage_time(), setup));
         header.origin = origin_of(&own);
         let mut structure = Structure::balanced_at(seed_len, last_turn);

@@ -1,8 +1,9 @@
 //! `Store`: the public face of the store.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -100,7 +101,8 @@ pub struct StoreStats {
     pub block_bytes: u64,
     /// The store file's size, when the store is a file.
     pub file_bytes: Option<u64>,
-    /// Events and record bytes by kind; unknown ignorable tags are counted as `opaque`.
+    /// Events and record bytes by kind; records whose tag this build does not know count as
+    /// `opaque`.
     pub by_kind: BTreeMap<EventKind, KindStats>,
 }
 
@@ -114,8 +116,76 @@ pub struct KindStats {
 }
 
 pub(crate) enum Db {
-    Write(Arc<Database>),
+    Write(Arc<Writable>),
     Read(ReadOnlyDatabase),
+}
+
+/// Opens the writable database, the first time or again.
+pub(crate) type Opener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
+
+/// The writable database, which the writer replaces after a failed commit: the storage engine
+/// refuses every later transaction on the handle that saw an I/O failure.
+pub(crate) struct Writable {
+    current: RwLock<Option<Arc<Database>>>,
+    opener: Option<Opener>,
+}
+
+impl Writable {
+    /// The current handle. `Closed` while a reopen has not yet succeeded.
+    pub fn get(&self) -> Result<Arc<Database>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Drops the current handle and opens the storage again. Returns whether a fresh handle is
+    /// in place (never, for storage that cannot be reopened).
+    pub fn reopen(&self) -> bool {
+        let Some(opener) = &self.opener else {
+            return false;
+        };
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = current.take() {
+            // Readers hold a handle only while they begin a transaction; wait them out so the old
+            // handle is the last and closing it releases the file's locks.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            drop(old);
+        }
+        match opener() {
+            Ok(db) => {
+                *current = Some(Arc::new(db));
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reopening the store after a failed commit failed");
+                false
+            }
+        }
+    }
+}
+
+fn open_backend(backend: impl StorageBackend, cache_bytes: usize) -> Result<Database> {
+    // A shared lock on a range no page uses tells whether the backend has byte-range locks.
+    let probe = (Bound::Included(u64::MAX - 1), Bound::Unbounded);
+    let mode = match backend.try_lock_shared_range(probe.0, probe.1) {
+        Ok(locked) => {
+            if locked {
+                let _ = backend.unlock_range(probe.0, probe.1);
+            }
+            ConcurrencyMode::SingleWriter
+        }
+        Err(_) => ConcurrencyMode::ExclusiveWriter,
+    };
+    let mut builder = builder(cache_bytes);
+    builder.set_concurrency_mode(mode);
+    builder
+        .create_with_backend(backend)
+        .map_err(|e| open_error(Path::new("<backend>"), e))
 }
 
 pub(crate) struct Inner {
@@ -213,54 +283,95 @@ impl Store {
     }
 
     /// Opens the store at `path` for writing, with `options`.
+    ///
+    /// After a failed commit the storage engine refuses the handle that saw the failure, so the
+    /// writer reopens the file before it retries.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
-        let path = path.as_ref();
-        let db = builder(options.cache_bytes)
-            .create(path)
-            .map_err(|e| open_error(path, e))?;
-        Self::start(db, Some(path.to_owned()), options)
+        let path = path.as_ref().to_owned();
+        let cache = options.cache_bytes;
+        let opener = {
+            let path = path.clone();
+            move || {
+                builder(cache)
+                    .create(&path)
+                    .map_err(|e| open_error(&path, e))
+            }
+        };
+        guard(|| Self::start(Box::new(opener), true, Some(path), options))
     }
 
-    /// Opens a writable store over any redb storage backend (for example
-    /// `redb::backends::InMemoryBackend`).
+    /// Opens a writable store over a redb storage backend (for example
+    /// `redb::backends::InMemoryBackend`). A backend with byte-range locks is opened so that
+    /// read-only handles may share it; one without is this handle's alone. A handle over a
+    /// single backend cannot be reopened, so after a failed commit every retry fails until the
+    /// store is opened again: use [`Store::with_backend_factory`] to let the writer reopen it.
     pub fn with_backend(backend: impl StorageBackend, options: StoreOptions) -> Result<Store> {
-        let db = builder(options.cache_bytes)
-            .create_with_backend(backend)
-            .map_err(|e| open_error(Path::new("<backend>"), e))?;
-        Self::start(db, None, options)
+        let cache = options.cache_bytes;
+        let slot = Mutex::new(Some(backend));
+        let opener = move || {
+            let backend = slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or(StoreError::Closed)?;
+            open_backend(backend, cache)
+        };
+        guard(|| Self::start(Box::new(opener), false, None, options))
+    }
+
+    /// Opens a writable store over the backend `factory` makes, calling it again to reopen the
+    /// store after a failed commit (each call must return a handle on the same storage).
+    pub fn with_backend_factory<B: StorageBackend>(
+        factory: impl Fn() -> B + Send + Sync + 'static,
+        options: StoreOptions,
+    ) -> Result<Store> {
+        let cache = options.cache_bytes;
+        let opener = move || open_backend(factory(), cache);
+        guard(|| Self::start(Box::new(opener), true, None, options))
     }
 
     /// Opens the store at `path` read-only. Each read sees the writer's latest commit.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
-        let path = path.as_ref();
-        let db = builder(DEFAULT_CACHE_BYTES)
-            .open_read_only(path)
-            .map_err(|e| open_error(path, e))?;
-        let txn = db.begin_read()?;
-        let store_id = check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
-            path: path.to_owned(),
-            reason: "it holds no Lineage tables".into(),
-        })?;
-        drop(txn);
-        Ok(Store {
-            inner: Arc::new(Inner {
-                db: Db::Read(db),
-                path: Some(path.to_owned()),
-                store_id,
-                queue: Arc::new(Queue::new()),
-                options: StoreOptions::default(),
-                writer: Mutex::new(None),
-            }),
+        guard(|| {
+            let path = path.as_ref();
+            let db = builder(DEFAULT_CACHE_BYTES)
+                .open_read_only(path)
+                .map_err(|e| open_error(path, e))?;
+            let txn = db.begin_read()?;
+            let store_id = check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
+                path: path.to_owned(),
+                reason: "it holds no Lineage tables".into(),
+            })?;
+            drop(txn);
+            Ok(Store {
+                inner: Arc::new(Inner {
+                    db: Db::Read(db),
+                    path: Some(path.to_owned()),
+                    store_id,
+                    queue: Arc::new(Queue::without_writer()),
+                    options: StoreOptions::default(),
+                    writer: Mutex::new(None),
+                }),
+            })
         })
     }
 
-    fn start(db: Database, path: Option<PathBuf>, options: StoreOptions) -> Result<Store> {
+    fn start(
+        opener: Opener,
+        reopenable: bool,
+        path: Option<PathBuf>,
+        options: StoreOptions,
+    ) -> Result<Store> {
+        let db = opener()?;
         let shown = path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
         let store_id = match check_meta(&db.begin_read()?, &shown)? {
             Some(id) => id,
             None => initialize(&db, &shown)?,
         };
-        let db = Arc::new(db);
+        let db = Arc::new(Writable {
+            current: RwLock::new(Some(Arc::new(db))),
+            opener: reopenable.then_some(opener),
+        });
         let queue = Arc::new(Queue::new());
         let handle = {
             let (db, queue, options) = (db.clone(), queue.clone(), options.clone());
@@ -298,7 +409,7 @@ impl Store {
 
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
         Ok(match &self.inner.db {
-            Db::Write(db) => db.begin_read()?,
+            Db::Write(db) => db.get()?.begin_read()?,
             Db::Read(db) => db.begin_read()?,
         })
     }
@@ -378,37 +489,43 @@ impl Store {
         if events.is_empty() {
             return Ok(());
         }
-        // Shapes first: encoding walks each payload, so a hostile value is refused before that.
-        for event in events {
-            lineage_log::check_shape(event).map_err(|reason| StoreError::Rejected {
-                session,
-                source: lineage_log::LogError::InvalidEvent {
-                    seq: event.seq,
-                    kind: event.kind(),
-                    reason,
-                },
-            })?;
-        }
-        let mut records = Vec::with_capacity(events.len() * 48);
-        let mut ends = Vec::with_capacity(events.len());
-        let mut encoder = Encoder::new();
-        for event in events {
-            encoder.encode(event, &mut records);
-            ends.push(records.len());
-        }
         self.ensure_tail(session)?;
         let queue = &self.inner.queue;
-        let mut state = queue.lock();
-        let tail = state
-            .tails
-            .get_mut(&session)
-            .ok_or(StoreError::UnknownSession { session })?;
-        let structure =
-            check_append(&tail.structure, events).map_err(|e| StoreError::from_log(session, e))?;
-        let blocks = cut_blocks(tail, records, &ends, &self.inner.options);
-        tail.structure = structure;
-        queue.enqueue(&mut state, session, blocks);
-        Ok(())
+        // Validate against a snapshot of the tail outside the lock (in order: each event's seq,
+        // shape and place, so the first offending event is the one named), then encode, which
+        // walks only values already known to be well formed. If another admission to the same
+        // session won the race meanwhile, validate again.
+        loop {
+            let before = {
+                let state = queue.lock();
+                let tail = state
+                    .tails
+                    .get(&session)
+                    .ok_or(StoreError::UnknownSession { session })?;
+                tail.structure.clone()
+            };
+            let after =
+                check_append(&before, events).map_err(|e| StoreError::from_log(session, e))?;
+            let mut records = Vec::with_capacity(events.len() * 48);
+            let mut ends = Vec::with_capacity(events.len());
+            let mut encoder = Encoder::new();
+            for event in events {
+                encoder.encode(event, &mut records);
+                ends.push(records.len());
+            }
+            let mut state = queue.lock();
+            let tail = state
+                .tails
+                .get_mut(&session)
+                .ok_or(StoreError::UnknownSession { session })?;
+            if tail.structure != before {
+                continue;
+            }
+            let blocks = cut_blocks(tail, records, &ends, &self.inner.options);
+            tail.structure = after;
+            queue.enqueue(&mut state, session, blocks);
+            return Ok(());
+        }
     }
 
     /// Waits until everything admitted for `session` before this call is durable. After a failed
@@ -436,12 +553,14 @@ impl Store {
 
     /// Makes sure the writer knows `session`'s tail, reading it from the store if needed.
     fn ensure_tail(&self, session: SessionId) -> Result<()> {
-        if self.inner.queue.lock().tails.contains_key(&session) {
-            return Ok(());
-        }
-        let stored = read_log(&self.begin_read()?, session)?;
-        self.remember(session, stored.record, stored.chain, stored.structure);
-        Ok(())
+        guard(|| {
+            if self.inner.queue.lock().tails.contains_key(&session) {
+                return Ok(());
+            }
+            let stored = read_log(&self.begin_read()?, session)?;
+            self.remember(session, stored.record, stored.chain, stored.structure);
+            Ok(())
+        })
     }
 
     /// Caches a committed session's tail for the writer, unless it already has a newer one.
@@ -469,117 +588,150 @@ impl Store {
     /// the crash-repair closers are appended durably before it is returned. Admitted events are
     /// flushed first. Every block's digest is checked.
     pub fn load(&self, session: SessionId) -> Result<Loaded> {
-        self.writable()?;
-        self.flush(session)?;
-        let stored = read_log(&self.begin_read()?, session)?;
-        let closers = interrupted_turn_closers(&stored.events);
-        let header = stored.record.header.clone();
-        let mut events = stored.events;
-        self.remember(session, stored.record, stored.chain, stored.structure);
-        if !closers.is_empty() {
-            self.append(session, &closers)?;
-        }
-        let count = closers.len();
-        events.extend(closers);
-        Ok(Loaded {
-            header,
-            events,
-            closers: count,
+        guard(|| {
+            self.writable()?;
+            self.flush(session)?;
+            let stored = read_log(&self.begin_read()?, session)?;
+            let closers = interrupted_turn_closers(&stored.events);
+            let header = stored.record.header.clone();
+            let mut events = stored.events;
+            self.remember(session, stored.record, stored.chain, stored.structure);
+            if !closers.is_empty() {
+                self.append(session, &closers)?;
+            }
+            let count = closers.len();
+            events.extend(closers);
+            Ok(Loaded {
+                header,
+                events,
+                closers: count,
+            })
         })
     }
 
     /// Reads a session's committed events, balanced with crash-repair closers in memory only: the
     /// store is not touched. Works on read-only stores.
     pub fn inspect(&self, session: SessionId) -> Result<Loaded> {
-        let stored = read_log(&self.begin_read()?, session)?;
-        let closers = interrupted_turn_closers(&stored.events);
-        let count = closers.len();
-        let mut events = stored.events;
-        events.extend(closers);
-        Ok(Loaded {
-            header: stored.record.header,
-            events,
-            closers: count,
+        guard(|| {
+            let stored = read_log(&self.begin_read()?, session)?;
+            let closers = interrupted_turn_closers(&stored.events);
+            let count = closers.len();
+            let mut events = stored.events;
+            events.extend(closers);
+            Ok(Loaded {
+                header: stored.record.header,
+                events,
+                closers: count,
+            })
         })
     }
 
     /// The committed events with `seq >= from` (empty when `from` is past the end). No repair.
     pub fn read_from(&self, session: SessionId, from: u64) -> Result<Vec<Event>> {
-        read_from(&self.begin_read()?, session, from)
+        guard(|| read_from(&self.begin_read()?, session, from))
     }
 
     /// A stored session's header and position.
     pub fn info(&self, session: SessionId) -> Result<SessionInfo> {
-        let record = read_record(&self.begin_read()?, session)?;
-        Ok(info_of(record))
+        guard(|| {
+            let record = read_record(&self.begin_read()?, session)?;
+            Ok(info_of(record))
+        })
     }
 
     /// Every stored session, in id order (which is creation order for UUIDv7 ids).
     pub fn list(&self) -> Result<Vec<SessionInfo>> {
-        let txn = self.begin_read()?;
-        let table = txn.open_table(SESSIONS)?;
-        let mut out = Vec::with_capacity(table.len()? as usize);
-        for entry in table.iter()? {
-            let (key, value) = entry?;
-            let session = SessionId::from_u128(key.value());
-            out.push(info_of(SessionRecord::decode(session, value.value())?));
-        }
-        Ok(out)
+        guard(|| {
+            let txn = self.begin_read()?;
+            let table = txn.open_table(SESSIONS)?;
+            let mut out = Vec::with_capacity(table.len()? as usize);
+            for entry in table.iter()? {
+                let (key, value) = entry?;
+                let session = SessionId::from_u128(key.value());
+                out.push(info_of(SessionRecord::decode(session, value.value())?));
+            }
+            Ok(out)
+        })
     }
 
     /// The children of `parent` (sessions whose header names it), in id order, from the children
     /// index without scanning sessions.
     pub fn children(&self, parent: SessionId) -> Result<Vec<SessionId>> {
-        let txn = self.begin_read()?;
-        children_of(&txn, parent)
+        guard(|| {
+            let txn = self.begin_read()?;
+            children_of(&txn, parent)
+        })
     }
 
     /// Every descendant of `root`, breadth first, in one read transaction.
     pub fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
-        let txn = self.begin_read()?;
-        let mut out = children_of(&txn, root)?;
-        let mut next = 0;
-        while next < out.len() {
-            let more = children_of(&txn, out[next])?;
-            out.extend(more);
-            next += 1;
-        }
-        Ok(out)
+        guard(|| {
+            let txn = self.begin_read()?;
+            let mut out = children_of(&txn, root)?;
+            let mut next = 0;
+            while next < out.len() {
+                let more = children_of(&txn, out[next])?;
+                out.extend(more);
+                next += 1;
+            }
+            Ok(out)
+        })
     }
 
     /// Space used, overall and by event kind.
     pub fn stats(&self) -> Result<StoreStats> {
-        let txn = self.begin_read()?;
-        let mut stats = StoreStats {
-            sessions: txn.open_table(SESSIONS)?.len()?,
-            file_bytes: self
-                .inner
-                .path
-                .as_ref()
-                .and_then(|p| std::fs::metadata(p).ok())
-                .map(|m| m.len()),
-            ..StoreStats::default()
-        };
-        let table = txn.open_table(EVENTS)?;
-        for entry in table.iter()? {
-            let (key, value) = entry?;
-            let (id, first_seq) = key.value();
-            let session = SessionId::from_u128(id);
-            let bytes = value.value();
-            let block = Block::parse(session, first_seq, bytes)?;
-            stats.blocks += 1;
-            stats.block_bytes += bytes.len() as u64;
-            for item in lineage_log::Records::new(block.records, first_seq) {
-                let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-                let kind = raw.kind().unwrap_or(EventKind::Opaque);
-                let slot = stats.by_kind.entry(kind).or_default();
-                slot.events += 1;
-                slot.bytes += raw.bytes.len() as u64;
-                stats.events += 1;
-                stats.record_bytes += raw.bytes.len() as u64;
+        guard(|| {
+            let txn = self.begin_read()?;
+            let mut stats = StoreStats {
+                sessions: txn.open_table(SESSIONS)?.len()?,
+                file_bytes: self
+                    .inner
+                    .path
+                    .as_ref()
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .map(|m| m.len()),
+                ..StoreStats::default()
+            };
+            let table = txn.open_table(EVENTS)?;
+            for entry in table.iter()? {
+                let (key, value) = entry?;
+                let (id, first_seq) = key.value();
+                let session = SessionId::from_u128(id);
+                let bytes = value.value();
+                let block = Block::parse(session, first_seq, bytes)?;
+                stats.blocks += 1;
+                stats.block_bytes += bytes.len() as u64;
+                for item in lineage_log::Records::new(block.records, first_seq) {
+                    let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+                    let kind = raw.kind().unwrap_or(EventKind::Opaque);
+                    let slot = stats.by_kind.entry(kind).or_default();
+                    slot.events += 1;
+                    slot.bytes += raw.bytes.len() as u64;
+                    stats.events += 1;
+                    stats.record_bytes += raw.bytes.len() as u64;
+                }
             }
+            Ok(stats)
+        })
+    }
+}
+
+/// Runs a storage operation, turning a panic inside the storage engine into an error.
+///
+/// The engine trusts its own file: some damage to a page's structure makes it panic rather than
+/// return an error. Such a panic is contained here and reported as [`StoreError::Damaged`], so no
+/// input file can take the host process down.
+pub(crate) fn guard<T>(operation: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(operation)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the storage engine panicked".to_owned());
+            Err(StoreError::Damaged { reason })
         }
-        Ok(stats)
     }
 }
 

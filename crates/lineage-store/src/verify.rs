@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use lineage_log::{
-    Chain, Digest, Encoder, EventBody, Header, Origin, Records, SessionId, SessionLineage, Structure,
-    decode_record,
+    Chain, Digest, Encoder, EventBody, Header, Origin, Records, SessionId, SessionLineage,
+    Structure, decode_record,
 };
 use redb::ReadableTable;
 
@@ -180,99 +180,101 @@ impl Store {
     /// index, and each child's `seed_digest` against its parent's digest at `seed_len - 1` when the
     /// parent is in the store. An open tail turn is reported as open, not as a problem.
     pub fn verify(&self) -> Result<VerifyReport> {
-        let txn = self.begin_read()?;
-        let sessions = txn.open_table(SESSIONS)?;
-        let events = txn.open_table(EVENTS)?;
-        let children = txn.open_table(CHILDREN)?;
+        crate::store::guard(|| {
+            let txn = self.begin_read()?;
+            let sessions = txn.open_table(SESSIONS)?;
+            let events = txn.open_table(EVENTS)?;
+            let children = txn.open_table(CHILDREN)?;
 
-        let mut records: BTreeMap<SessionId, std::result::Result<SessionRecord, String>> =
-            BTreeMap::new();
-        for entry in sessions.iter()? {
-            let (key, value) = entry?;
-            let session = SessionId::from_u128(key.value());
-            let record = SessionRecord::decode(session, value.value()).map_err(|e| e.to_string());
-            records.insert(session, record);
-        }
-        let mut index: BTreeSet<(SessionId, SessionId)> = BTreeSet::new();
-        for entry in children.iter()? {
-            let (key, _) = entry?;
-            let (parent, child) = key.value();
-            index.insert((SessionId::from_u128(parent), SessionId::from_u128(child)));
-        }
-        // Which digests each parent's scan must capture for its children.
-        let mut wanted: HashMap<SessionId, BTreeSet<u64>> = HashMap::new();
-        for record in records.values().flatten() {
-            if let Some(parent) = record.header.parent
-                && records.contains_key(&parent)
-            {
-                wanted
-                    .entry(parent)
-                    .or_default()
-                    .insert(record.header.seed_len);
+            let mut records: BTreeMap<SessionId, std::result::Result<SessionRecord, String>> =
+                BTreeMap::new();
+            for entry in sessions.iter()? {
+                let (key, value) = entry?;
+                let session = SessionId::from_u128(key.value());
+                let record =
+                    SessionRecord::decode(session, value.value()).map_err(|e| e.to_string());
+                records.insert(session, record);
             }
-        }
+            let mut index: BTreeSet<(SessionId, SessionId)> = BTreeSet::new();
+            for entry in children.iter()? {
+                let (key, _) = entry?;
+                let (parent, child) = key.value();
+                index.insert((SessionId::from_u128(parent), SessionId::from_u128(child)));
+            }
+            // Which digests each parent's scan must capture for its children.
+            let mut wanted: HashMap<SessionId, BTreeSet<u64>> = HashMap::new();
+            for record in records.values().flatten() {
+                if let Some(parent) = record.header.parent
+                    && records.contains_key(&parent)
+                {
+                    wanted
+                        .entry(parent)
+                        .or_default()
+                        .insert(record.header.seed_len);
+                }
+            }
 
-        let mut reports = Vec::with_capacity(records.len());
-        let mut scans: HashMap<SessionId, Scan> = HashMap::new();
-        for (&session, record) in &records {
-            let mut report = SessionReport {
-                session,
-                events: 0,
-                blocks: 0,
-                open_turn: None,
-                problems: Vec::new(),
-            };
-            match record {
-                Err(reason) => report.problems.push(Problem::UndecodableHeader {
-                    reason: reason.clone(),
-                }),
-                Ok(record) => {
-                    let empty = BTreeSet::new();
-                    let wants = wanted.get(&session).unwrap_or(&empty);
-                    let scan = scan_session(&events, session, record, wants, &mut report)?;
-                    check_header(&record.header, &scan, &mut report.problems);
-                    report.events = scan.events;
-                    report.blocks = scan.blocks;
-                    scans.insert(session, scan);
+            let mut reports = Vec::with_capacity(records.len());
+            let mut scans: HashMap<SessionId, Scan> = HashMap::new();
+            for (&session, record) in &records {
+                let mut report = SessionReport {
+                    session,
+                    events: 0,
+                    blocks: 0,
+                    open_turn: None,
+                    problems: Vec::new(),
+                };
+                match record {
+                    Err(reason) => report.problems.push(Problem::UndecodableHeader {
+                        reason: reason.clone(),
+                    }),
+                    Ok(record) => {
+                        let empty = BTreeSet::new();
+                        let wants = wanted.get(&session).unwrap_or(&empty);
+                        let scan = scan_session(&events, session, record, wants, &mut report)?;
+                        check_header(&record.header, &scan, &mut report.problems);
+                        report.events = scan.events;
+                        report.blocks = scan.blocks;
+                        scans.insert(session, scan);
+                    }
                 }
+                reports.push(report);
             }
-            reports.push(report);
-        }
 
-        // Cross-session checks: children index and seed digests.
-        for report in &mut reports {
-            let Some(Ok(record)) = records.get(&report.session) else {
-                continue;
-            };
-            let session = report.session;
-            if let Some(parent) = record.header.parent
-                && let Some(parent_scan) = scans.get(&parent)
-            {
-                if !index.contains(&(parent, session)) {
-                    report.problems.push(Problem::MissingChildIndex { parent });
+            // Cross-session checks: children index and seed digests.
+            for report in &mut reports {
+                let Some(Ok(record)) = records.get(&report.session) else {
+                    continue;
+                };
+                let session = report.session;
+                if let Some(parent) = record.header.parent
+                    && let Some(parent_scan) = scans.get(&parent)
+                {
+                    if !index.contains(&(parent, session)) {
+                        report.problems.push(Problem::MissingChildIndex { parent });
+                    }
+                    let seed_len = record.header.seed_len;
+                    let ours = scans
+                        .get(&session)
+                        .and_then(|s| s.lineage.as_ref())
+                        .map(|l| l.seed_digest);
+                    if parent_scan.captured.get(&seed_len).copied() != ours || ours.is_none() {
+                        report
+                            .problems
+                            .push(Problem::SeedDigestMismatch { parent, seed_len });
+                    }
                 }
-                let seed_len = record.header.seed_len;
-                let ours = scans
-                    .get(&session)
-                    .and_then(|s| s.lineage.as_ref())
-                    .map(|l| l.seed_digest);
-                if parent_scan.captured.get(&seed_len).copied() != ours || ours.is_none() {
-                    report
-                        .problems
-                        .push(Problem::SeedDigestMismatch { parent, seed_len });
+                for &(_, child) in index.range(
+                    (session, SessionId::from_u128(0))..=(session, SessionId::from_u128(u128::MAX)),
+                ) {
+                    let names_us = matches!(records.get(&child), Some(Ok(r)) if r.header.parent == Some(session));
+                    if !names_us {
+                        report.problems.push(Problem::StrayChildIndex { child });
+                    }
                 }
             }
-            for &(_, child) in index.range(
-                (session, SessionId::from_u128(0))..=(session, SessionId::from_u128(u128::MAX)),
-            ) {
-                let names_us =
-                    matches!(records.get(&child), Some(Ok(r)) if r.header.parent == Some(session));
-                if !names_us {
-                    report.problems.push(Problem::StrayChildIndex { child });
-                }
-            }
-        }
-        Ok(VerifyReport { sessions: reports })
+            Ok(VerifyReport { sessions: reports })
+        })
     }
 }
 

@@ -14,6 +14,7 @@ use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 use redb::Database;
 
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, encode_block};
+use crate::store::Writable;
 use crate::{Result, StoreError, StoreOptions};
 
 /// Admitted records of one session, not yet durable: a contiguous run ending at `digest`.
@@ -79,6 +80,13 @@ impl Queue {
             wake_writer: Condvar::new(),
             wake_waiters: Condvar::new(),
         }
+    }
+
+    /// The queue of a read-only handle: nothing is ever admitted, and a wait returns at once.
+    pub fn without_writer() -> Queue {
+        let queue = Queue::new();
+        queue.lock().writer_gone = true;
+        queue
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -148,7 +156,7 @@ struct Job {
 }
 
 /// The writer thread's body.
-pub(crate) fn run(db: Arc<Database>, queue: Arc<Queue>, options: StoreOptions) {
+pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
     struct Gone<'a>(&'a Queue);
     impl Drop for Gone<'_> {
         fn drop(&mut self) {
@@ -209,7 +217,22 @@ pub(crate) fn run(db: Arc<Database>, queue: Arc<Queue>, options: StoreOptions) {
         let shutting_down = state.shutdown;
         drop(state);
 
-        let result = commit(&db, &jobs, &options, &mut scratch);
+        // A handle is missing only after a reopen failed: try again before committing.
+        let handle = db.get().or_else(|_| {
+            if db.reopen() {
+                db.get()
+            } else {
+                Err(StoreError::Closed)
+            }
+        });
+        let result = match handle {
+            Ok(handle) => commit(&handle, &jobs, &options, &mut scratch),
+            Err(_) => Err(redb::Error::DatabaseClosed),
+        };
+        if result.is_err() {
+            // The engine refuses a handle after an I/O failure: reopen before any retry.
+            db.reopen();
+        }
 
         let mut state = queue.lock();
         state.attempts += 1;

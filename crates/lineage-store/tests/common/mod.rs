@@ -1,0 +1,415 @@
+//! Helpers shared by the store's integration tests: headers, stores, hand-written and generated
+//! logs, digests, and direct access to the redb tables of a closed store file.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+
+use lineage_log::{
+    Chain, Digest, Event, EventBody, Header, SessionId, TurnEndReason, TurnNo, encode_record,
+};
+use lineage_store::{Store, StoreOptions, VerifyReport};
+use lineage_testkit::{SplitMix64, ev, realistic_session};
+use redb::backends::InMemoryBackend;
+use redb::{ReadableDatabase, ReadableTable, StorageBackend, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+/// Creation time of every test header, and the base of every hand-written event time.
+pub const T0: u64 = 1_750_000_000_000;
+
+/// The tables of the store layout, by their on-disk names, for tests that read or damage a closed
+/// store file directly.
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("lineage/meta");
+pub const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("lineage/sessions");
+pub const EVENTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("lineage/events");
+pub const CHILDREN: TableDefinition<(u128, u128), ()> = TableDefinition::new("lineage/children");
+
+/// Bytes before a block's records: record count (u32 LE) and the running digest at its last record.
+pub const BLOCK_HEADER_LEN: usize = 4 + 32;
+
+/// A session's row as the store writes it (postcard of these fields in this order), so tests can
+/// read and craft rows without the crate's private type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawSessionRecord {
+    pub header: Header,
+    pub next_seq: u64,
+    pub head: Digest,
+    pub revision: u64,
+}
+
+/// The header of a fresh top-level session.
+pub fn header(id: SessionId) -> Header {
+    Header::new(id, T0).with_cwd("/work/project")
+}
+
+/// A new session id and its header.
+pub fn fresh() -> (SessionId, Header) {
+    let id = SessionId::new();
+    (id, header(id))
+}
+
+/// A writable store over memory.
+pub fn mem_store() -> Store {
+    mem_store_with(StoreOptions::default())
+}
+
+/// A writable store over memory with `options`.
+pub fn mem_store_with(options: StoreOptions) -> Store {
+    Store::with_backend(SharedMemory::default(), options).expect("a store opens over memory")
+}
+
+/// Options whose blocks hold at most `events` events (and 4 KiB), so multi-block paths run.
+pub fn small_blocks(events: usize) -> StoreOptions {
+    StoreOptions {
+        block_events: events,
+        block_bytes: 4096,
+        ..StoreOptions::default()
+    }
+}
+
+/// Range-lock methods of a `StorageBackend` that grant every lock (see [`SharedMemory`]).
+#[macro_export]
+macro_rules! granted_locks {
+    () => {
+        fn try_lock_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<bool, redb::BackendError> {
+            Ok(true)
+        }
+        fn try_lock_shared_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<bool, redb::BackendError> {
+            Ok(true)
+        }
+        fn lock_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<(), redb::BackendError> {
+            Ok(())
+        }
+        fn lock_shared_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<(), redb::BackendError> {
+            Ok(())
+        }
+        fn unlock_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<(), redb::BackendError> {
+            Ok(())
+        }
+        fn query_lock_range(
+            &self,
+            _: std::ops::Bound<u64>,
+            _: std::ops::Bound<u64>,
+        ) -> Result<bool, redb::BackendError> {
+            Ok(false)
+        }
+    };
+}
+
+/// A memory backend that outlives the stores opened over it: closing a store and opening another
+/// over a clone is a reopen of the same bytes.
+///
+/// Its range locks always succeed. The store opens every database in redb's single-writer mode,
+/// which needs range locks, and `InMemoryBackend` has none; one test process never opens two
+/// databases over the same clone at once, so granting every lock is sound here.
+#[derive(Clone, Debug, Default)]
+pub struct SharedMemory(Arc<InMemoryBackend>);
+
+impl StorageBackend for SharedMemory {
+    fn len(&self) -> std::io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write(offset, data)
+    }
+    granted_locks!();
+}
+
+/// `S(n)` at the last of `events`: one running blake3 over their framed records.
+pub fn digest_of(events: &[Event]) -> Digest {
+    let mut chain = Chain::new();
+    for event in events {
+        chain.update(&encode_record(event));
+    }
+    chain.digest()
+}
+
+/// The event at `seq` with a time derived from it.
+pub fn at(seq: u64, body: EventBody) -> Event {
+    Event::new(seq, T0 as i64 + 10 * seq as i64, body)
+}
+
+/// `bodies` as consecutive events starting at `first_seq`.
+pub fn events_from(first_seq: u64, bodies: Vec<EventBody>) -> Vec<Event> {
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| at(first_seq + i as u64, body))
+        .collect()
+}
+
+/// A message id unique to `(seq, salt)`.
+pub fn mid(seq: u64, salt: u64) -> lineage_log::MessageId {
+    lineage_log::MessageId::derived(&[b"store-tests", &seq.to_le_bytes(), &salt.to_le_bytes()])
+}
+
+/// One completed turn `turn` starting at `first_seq`: turn/start, step/start, the user's `text`,
+/// the answer, step/end, turn/end. Six events.
+pub fn completed_turn(turn: TurnNo, first_seq: u64, text: &str) -> Vec<Event> {
+    events_from(
+        first_seq,
+        vec![
+            ev::turn_start(turn),
+            ev::step_start(turn, 1),
+            ev::user(mid(first_seq, 1), text),
+            ev::assistant_text(turn, 1, mid(first_seq, 2), "done"),
+            ev::step_end(turn, 1),
+            ev::turn_completed(turn),
+        ],
+    )
+}
+
+/// `turns` completed turns numbered from 1, starting at seq 0.
+pub fn completed_turns(turns: TurnNo) -> Vec<Event> {
+    let mut events = Vec::new();
+    for turn in 1..=turns {
+        let next = events.len() as u64;
+        events.extend(completed_turn(turn, next, &format!("question {turn}")));
+    }
+    events
+}
+
+/// A log whose tail turn was interrupted: turn 1 completed (seqs 0..6), then turn 2 opens a step
+/// in which the model asks for calls `c1` and `c2`; `c1` has a `tool/call` and no result, `c2`
+/// never started. Its closers are a `TOOL_OUTCOME_UNKNOWN` result for `c1`, a `TOOL_NOT_STARTED`
+/// result for `c2`, `step/end` and `turn/end {Interrupted}`.
+pub fn open_turn_log() -> Vec<Event> {
+    let mut events = completed_turn(1, 0, "first question");
+    events.extend(events_from(
+        6,
+        vec![
+            ev::turn_start(2),
+            ev::step_start(2, 1),
+            ev::user(mid(8, 1), "second question"),
+            ev::assistant_calls(2, 1, mid(9, 1), &[("c1", "grep"), ("c2", "read_file")]),
+            ev::tool_call(2, 1, "c1", "grep", r#"{"pattern":"x"}"#),
+        ],
+    ));
+    events
+}
+
+/// `events` renumbered: seqs from `first_seq` (times follow) and turn numbers raised by
+/// `turn_offset`.
+pub fn shifted(events: Vec<Event>, first_seq: u64, turn_offset: TurnNo) -> Vec<Event> {
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut event)| {
+            let seq = first_seq + i as u64;
+            event.seq = seq;
+            event.time_ms = T0 as i64 + 3 * seq as i64;
+            match &mut event.body {
+                EventBody::TurnStart(t) => t.turn += turn_offset,
+                EventBody::TurnEnd(t) => t.turn += turn_offset,
+                EventBody::StepStart(s) => s.turn += turn_offset,
+                EventBody::StepEnd(s) => s.turn += turn_offset,
+                EventBody::AssistantChunk(c) => c.turn += turn_offset,
+                EventBody::AssistantMessage(m) => m.turn += turn_offset,
+                EventBody::ToolCall(c) => c.turn += turn_offset,
+                EventBody::ToolResult(r) => r.turn += turn_offset,
+                _ => {}
+            }
+            event
+        })
+        .collect()
+}
+
+/// An endless, deterministic stream of valid events that continues a balanced log of `next_seq`
+/// events whose last turn was `next_turn - 1`. Turns vary in size: most are realistic agent turns
+/// (two or three steps, dozens of stream chunks, tool calls with ~1 KiB results), some are short
+/// turns of a few events, some end aborted. The same `(seed, next_seq, next_turn)` always gives
+/// the same events, so another process can regenerate what a writer wrote.
+pub struct TurnStream {
+    rng: SplitMix64,
+    next_seq: u64,
+    next_turn: TurnNo,
+    ready: VecDeque<Event>,
+}
+
+impl TurnStream {
+    pub fn new(seed: u64, next_seq: u64, next_turn: TurnNo) -> Self {
+        TurnStream {
+            rng: SplitMix64::new(seed),
+            next_seq,
+            next_turn,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// The next `n` events.
+    pub fn take(&mut self, n: usize) -> Vec<Event> {
+        while self.ready.len() < n {
+            self.turn();
+        }
+        self.ready.drain(..n).collect()
+    }
+
+    fn turn(&mut self) {
+        let turn = self.next_turn;
+        self.next_turn += 1;
+        let seq = self.next_seq;
+        let events = if self.rng.percent(30) {
+            let mut bodies = vec![
+                ev::turn_start(turn),
+                ev::step_start(turn, 1),
+                ev::user(mid(seq, 3), &format!("short question {turn}")),
+            ];
+            for k in 0..self.rng.below(8) {
+                bodies.push(ev::text_delta(turn, 1, &format!("piece {k} ")));
+            }
+            bodies.push(ev::assistant_text(turn, 1, mid(seq, 4), "short answer"));
+            bodies.push(ev::step_end(turn, 1));
+            bodies.push(if self.rng.percent(25) {
+                ev::turn_end(
+                    turn,
+                    TurnEndReason::Aborted {
+                        cause: lineage_log::AbortCause::User,
+                    },
+                )
+            } else {
+                ev::turn_completed(turn)
+            });
+            events_from(seq, bodies)
+        } else {
+            let one_turn = realistic_session(self.rng.next_u64(), 1);
+            shifted(one_turn, seq, turn - 1)
+        };
+        self.next_seq += events.len() as u64;
+        self.ready.extend(events);
+    }
+}
+
+/// The last turn opened in `events` (0 when none).
+pub fn last_turn(events: &[Event]) -> TurnNo {
+    events
+        .iter()
+        .rev()
+        .find_map(|e| match &e.body {
+            EventBody::TurnStart(t) => Some(t.turn),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Fails with every problem `verify` found; open tail turns are not problems.
+pub fn assert_intact(report: &VerifyReport) {
+    let failures: Vec<String> = report
+        .failures()
+        .map(|s| {
+            let problems: Vec<String> = s.problems.iter().map(|p| p.to_string()).collect();
+            format!("{}: {}", s.session, problems.join("; "))
+        })
+        .collect();
+    assert!(failures.is_empty(), "verify found problems: {failures:#?}");
+}
+
+/// Opens a closed store file with redb directly.
+pub fn raw_db(path: &Path) -> redb::Database {
+    redb::Database::open(path).expect("the store file opens with redb")
+}
+
+/// Rewrites `session`'s row in a closed store file through `change`.
+pub fn rewrite_row(path: &Path, session: SessionId, change: impl FnOnce(&mut RawSessionRecord)) {
+    let db = raw_db(path);
+    let txn = db.begin_write().unwrap();
+    {
+        let mut sessions = txn.open_table(SESSIONS).unwrap();
+        let mut record: RawSessionRecord = {
+            let row = sessions.get(session.as_u128()).unwrap().expect("row");
+            postcard::from_bytes(row.value()).expect("the row decodes")
+        };
+        change(&mut record);
+        let bytes = postcard::to_stdvec(&record).unwrap();
+        sessions
+            .insert(session.as_u128(), bytes.as_slice())
+            .unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+/// How many session rows and event blocks a closed store file holds.
+pub fn raw_counts(path: &Path) -> (u64, u64) {
+    use redb::ReadableTableMetadata;
+    let db = raw_db(path);
+    let txn = db.begin_read().expect("read transaction");
+    let sessions = txn.open_table(SESSIONS).map_or(0, |t| t.len().unwrap());
+    let blocks = txn.open_table(EVENTS).map_or(0, |t| t.len().unwrap());
+    (sessions, blocks)
+}
+
+/// This test binary, re-executed to run only the ignored helper test `helper` (which does its work
+/// only when the environment names it a job), with stdout piped back to the caller.
+pub fn helper_process(helper: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let mut command = std::process::Command::new(exe);
+    command
+        .args([
+            "--exact",
+            helper,
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    command
+}
+
+/// Writes one protocol line to stdout and flushes it; exits quietly when the reader is gone.
+pub fn report_line(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// A helper process that is killed and reaped when dropped, so a failing test (which unwinds past
+/// it) never leaves one running.
+pub struct Helper(pub std::process::Child);
+
+impl Helper {
+    pub fn spawn(command: &mut std::process::Command) -> Helper {
+        Helper(command.spawn().expect("the helper process starts"))
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        // Already reaped when the test waited for it; both calls then fail harmlessly.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

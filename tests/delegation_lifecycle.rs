@@ -56,7 +56,10 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
         store.create(Header::new(parent, T0 as u64).with_cwd("/work/project"))?;
         store.append(parent, &numbered(0, parent_turns()))?;
         // The parent starts a third turn; a child is delegated from its completed turns only.
-        store.append(parent, &numbered(completed, vec![ev::turn_start(3), ev::step_start(3, 1)]))?;
+        store.append(
+            parent,
+            &numbered(completed, vec![ev::turn_start(3), ev::step_start(3, 1)]),
+        )?;
         let refused = store.fork(
             parent,
             &ForkSpec {
@@ -128,12 +131,21 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
     assert_eq!(store.children(parent)?, vec![child]);
 
     let child_log = store.load(child)?;
-    assert_eq!(child_log.closers, 3, "a result, step/end and turn/end close the tool call");
+    assert_eq!(
+        child_log.closers, 3,
+        "a result, step/end and turn/end close the tool call"
+    );
     let closers = &child_log.events[child_log.events.len() - 3..];
     let EventBody::ToolResult(result) = &closers[0].body else {
-        panic!("the first closer answers the started call: {:?}", closers[0]);
+        panic!(
+            "the first closer answers the started call: {:?}",
+            closers[0]
+        );
     };
-    assert_eq!(result.error.as_ref().map(|e| e.code.as_str()), Some(TOOL_OUTCOME_UNKNOWN));
+    assert_eq!(
+        result.error.as_ref().map(|e| e.code.as_str()),
+        Some(TOOL_OUTCOME_UNKNOWN)
+    );
     assert_eq!(closers[1].kind(), EventKind::StepEnd);
     let EventBody::TurnEnd(end) = &closers[2].body else {
         panic!("the last closer ends the turn");
@@ -151,17 +163,31 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
         Some(ApprovalPolicy::NEVER)
     );
     assert_eq!(policy.sandbox.map(|m| m.mode.as_str()), Some("read-only"));
-    assert_eq!(fold_delegation_depth(events, 0), 1, "the depth floor survives resume");
+    assert_eq!(
+        fold_delegation_depth(events, 0),
+        1,
+        "the depth floor survives resume"
+    );
     assert_eq!(fold_delegation_depth(events, 3), 3);
 
     // The child sees the parent's completed conversation, then its own.
     let history: Vec<_> = model_history(events).iter().map(|m| m.id).collect();
-    let expected: Vec<_> = [1, 2, 3, 4, 5, 6, 10, 11].into_iter().map(ev::mid).collect();
+    let expected: Vec<_> = [1, 2, 3, 4, 5, 6, 10, 11]
+        .into_iter()
+        .map(ev::mid)
+        .collect();
     assert_eq!(history[..8], expected[..]);
-    assert_eq!(history.len(), 9, "plus the synthetic result of the interrupted call");
+    assert_eq!(
+        history.len(),
+        9,
+        "plus the synthetic result of the interrupted call"
+    );
 
     let parent_log = store.load(parent)?;
-    assert_eq!(parent_log.closers, 2, "step/end and turn/end close the parent's open turn");
+    assert_eq!(
+        parent_log.closers, 2,
+        "step/end and turn/end close the parent's open turn"
+    );
 
     // A grandchild forked from the resumed child proves its prefix is the child's.
     let grandchild = SessionId::new();
@@ -176,7 +202,11 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
     )?;
     assert_eq!(store.descendants(parent)?, vec![child, grandchild]);
     let report = store.verify()?;
-    assert!(report.is_ok(), "{:?}", report.failures().collect::<Vec<_>>());
+    assert!(
+        report.is_ok(),
+        "{:?}",
+        report.failures().collect::<Vec<_>>()
+    );
     assert_eq!(report.sessions.len(), 3);
     Ok(())
 }

@@ -39,7 +39,8 @@ impl Fixture {
     pub fn build(target_events: usize, seed: u64) -> Fixture {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let events = lineage_testkit::realistic_session(seed, target_events);
-        let session = SessionId::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001 + seed as u128);
+        let session =
+            SessionId::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001 + seed as u128);
         let header = Header::new(session, 1_780_000_000_000);
         let mut records = Vec::new();
         Encoder::new().encode_all(&events, &mut records);

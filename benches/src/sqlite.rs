@@ -48,7 +48,11 @@ pub fn append(
 }
 
 /// Registers a session row (for the listing benchmark).
-pub fn add_session(conn: &Connection, id: &[u8; 16], parent: Option<&[u8; 16]>) -> rusqlite::Result<()> {
+pub fn add_session(
+    conn: &Connection,
+    id: &[u8; 16],
+    parent: Option<&[u8; 16]>,
+) -> rusqlite::Result<()> {
     conn.execute(
         "INSERT INTO sessions (id, parent) VALUES (?1, ?2)",
         params![&id[..], parent.map(|p| &p[..])],
@@ -59,8 +63,9 @@ pub fn add_session(conn: &Connection, id: &[u8; 16], parent: Option<&[u8; 16]>) 
 /// Loads every event of a session with seq >= `from`: reads the rows in seq order, digests each
 /// record into the running chain (when reading from 0) and decodes it.
 pub fn load_from(conn: &Connection, session: &[u8; 16], from: u64) -> rusqlite::Result<Vec<Event>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT seq, body FROM events WHERE session = ?1 AND seq >= ?2 ORDER BY seq")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, body FROM events WHERE session = ?1 AND seq >= ?2 ORDER BY seq",
+    )?;
     let mut rows = stmt.query(params![&session[..], from as i64])?;
     let mut events = Vec::new();
     let mut chain = Chain::new();
@@ -75,8 +80,8 @@ pub fn load_from(conn: &Connection, session: &[u8; 16], from: u64) -> rusqlite::
             .next()
             .ok_or(rusqlite::Error::InvalidQuery)?
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
-        let event =
-            decode_record(seq, &raw).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+        let event = decode_record(seq, &raw)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
         events.push(event);
     }
     std::hint::black_box(chain.digest());
@@ -84,7 +89,12 @@ pub fn load_from(conn: &Connection, session: &[u8; 16], from: u64) -> rusqlite::
 }
 
 /// Forks: copies the rows `0..seed_len` to a new session in one transaction.
-pub fn fork(conn: &mut Connection, parent: &[u8; 16], child: &[u8; 16], seed_len: u64) -> rusqlite::Result<()> {
+pub fn fork(
+    conn: &mut Connection,
+    parent: &[u8; 16],
+    child: &[u8; 16],
+    seed_len: u64,
+) -> rusqlite::Result<()> {
     let txn = conn.transaction()?;
     txn.execute(
         "INSERT INTO events (session, seq, body)

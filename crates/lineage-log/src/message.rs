@@ -254,7 +254,10 @@ mod tests {
         assert!(decode_record(0, &raw).is_ok());
         let deep = crate::encode_record(&user_message(nested(MAX_NESTING + 1)));
         let (raw, _) = split_record(&deep, 0).unwrap();
-        assert!(matches!(decode_record(0, &raw), Err(LogError::Corrupt { seq: 0, .. })));
+        assert!(matches!(
+            decode_record(0, &raw),
+            Err(LogError::Corrupt { seq: 0, .. })
+        ));
     }
 
     #[test]
@@ -274,6 +277,9 @@ mod tests {
         crate::put_varint(&mut record, body.len() as u64);
         record.extend_from_slice(&body);
         let (raw, _) = split_record(&record, 3).unwrap();
-        assert!(matches!(decode_record(3, &raw), Err(LogError::Corrupt { seq: 3, .. })));
+        assert!(matches!(
+            decode_record(3, &raw),
+            Err(LogError::Corrupt { seq: 3, .. })
+        ));
     }
 }

@@ -78,7 +78,9 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
         EventBody::Custom(custom) if custom.type_name.is_empty() => {
             Err("custom event must name its type".into())
         }
-        EventBody::Opaque(opaque) if opaque.tag == 0 || EventKind::from_tag(opaque.tag).is_some() => {
+        EventBody::Opaque(opaque)
+            if opaque.tag == 0 || EventKind::from_tag(opaque.tag).is_some() =>
+        {
             Err(format!(
                 "an opaque record cannot carry tag {}, which is reserved or known",
                 opaque.tag
@@ -138,17 +140,16 @@ impl Structure {
     /// whose digests were checked): only its open tail turn, if any, is replayed. A replay error
     /// means the log was not valid after all.
     pub fn of_valid_log(events: &[Event]) -> Result<Self, LogError> {
-        let last_marker = events.iter().rposition(|e| {
-            matches!(e.kind(), EventKind::TurnStart | EventKind::TurnEnd)
-        });
+        let last_marker = events
+            .iter()
+            .rposition(|e| matches!(e.kind(), EventKind::TurnStart | EventKind::TurnEnd));
         let Some(at) = last_marker else {
             return Ok(Structure::balanced_at(events.len() as u64, 0));
         };
         match &events[at].body {
             EventBody::TurnEnd(end) => Ok(Structure::balanced_at(events.len() as u64, end.turn)),
             EventBody::TurnStart(start) => {
-                let mut structure =
-                    Structure::balanced_at(at as u64, start.turn.saturating_sub(1));
+                let mut structure = Structure::balanced_at(at as u64, start.turn.saturating_sub(1));
                 for event in &events[at..] {
                     structure.admit(event)?;
                 }

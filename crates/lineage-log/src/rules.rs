@@ -484,6 +484,15 @@ pub fn interrupted_turn_closers(events: &[Event]) -> Vec<Event> {
     let Some(last) = events.last() else {
         return Vec::new();
     };
+    // Only the tail turn can need closing, and a `turn/start` resets everything the scan below
+    // tracks: start at the last turn boundary instead of replaying the whole log.
+    let boundary = events
+        .iter()
+        .rposition(|e| matches!(e.kind(), EventKind::TurnStart | EventKind::TurnEnd));
+    let events = match boundary {
+        Some(at) if events[at].kind() == EventKind::TurnStart => &events[at..],
+        _ => return Vec::new(),
+    };
     let mut open_turn: Option<TurnNo> = None;
     let mut open_step: Option<StepNo> = None;
     let mut pending: Vec<PendingCall> = Vec::new();

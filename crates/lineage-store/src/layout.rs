@@ -89,6 +89,11 @@ impl<'a> Block<'a> {
         if count == 0 || records.is_empty() {
             return Err(corrupt("holds no records"));
         }
+        // The smallest record is 4 bytes (length, tag, flags, time), so a count above a quarter
+        // of the bytes is damage, and it bounds what a load allocates.
+        if count as usize > records.len() / 4 {
+            return Err(corrupt("counts more records than its bytes can hold"));
+        }
         Ok(Block {
             count,
             digest,

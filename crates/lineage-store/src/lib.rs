@@ -20,7 +20,7 @@ mod writer;
 
 pub use error::{Result, StoreError};
 pub use store::{
-    DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, KindStats, Loaded, STORE_FORMAT_VERSION,
-    SessionInfo, Store, StoreOptions, StoreStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, KindStats, Loaded,
+    STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,
 };
 pub use verify::{Problem, SessionReport, VerifyReport};

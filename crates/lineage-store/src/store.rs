@@ -33,6 +33,13 @@ pub const STORE_FORMAT_VERSION: u32 = 1;
 /// batches admitted close together share one commit. A flush skips the wait.
 pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(200);
 
+/// The default most record bytes in one block: 32 KiB less room for the block header, its key and
+/// the B-tree leaf around it, so that a full block fits one 32 KiB page. The storage engine gives a
+/// value the smallest power-of-two page that holds it, so a block just past a power of two would
+/// waste most of a page twice its size; measured on realistic sessions, this limit keeps the file
+/// within about 1.2 times the bytes of its records.
+pub const DEFAULT_BLOCK_BYTES: usize = 32 * 1024 - 512;
+
 /// The default page cache of an open store.
 pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -56,7 +63,7 @@ impl Default for StoreOptions {
         StoreOptions {
             commit_window: DEFAULT_COMMIT_WINDOW,
             block_events: 512,
-            block_bytes: 64 * 1024,
+            block_bytes: DEFAULT_BLOCK_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }

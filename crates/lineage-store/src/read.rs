@@ -128,13 +128,14 @@ fn parallelism() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Where the helper's share starts: this thread also hashes every block, so it decodes a little
-/// less than half of the bytes.
+/// Where the helper's share starts: half of the bytes. This thread also hashes every block, but
+/// the helper's share, the session's later records, decodes more slowly per byte (measured on
+/// realistic sessions: an even split ends both threads within a few percent of each other).
 fn split_point(blocks: &[(u64, Block<'_>)]) -> usize {
     let bytes: usize = blocks.iter().map(|(_, b)| b.records.len()).sum();
     let mut mine = 0;
     for (i, (_, block)) in blocks.iter().enumerate() {
-        if mine * 100 >= bytes * 42 {
+        if mine * 2 >= bytes {
             return i;
         }
         mine += block.records.len();

@@ -8,8 +8,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lineage_log::{
-    Digest, Encoder, Event, EventKind, Header, SessionId, Structure, check_append, check_seed,
-    interrupted_turn_closers,
+    Digest, Encoder, Event, EventBody, EventKind, Header, LogError, SessionId, Structure,
+    check_append, check_seed, interrupted_turn_closers,
 };
 use redb::{
     ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
@@ -528,8 +528,11 @@ impl Store {
             if tail.structure != before {
                 continue;
             }
+            let origin =
+                header_facts(&tail.header, events).map_err(|e| StoreError::from_log(session, e))?;
             let blocks = cut_blocks(tail, records, &ends, &self.inner.options);
             tail.structure = after;
+            tail.header.origin = origin;
             queue.enqueue(&mut state, session, blocks);
             return Ok(());
         }
@@ -740,6 +743,41 @@ pub(crate) fn guard<T>(operation: impl FnOnce() -> Result<T>) -> Result<T> {
             Err(StoreError::Damaged { reason })
         }
     }
+}
+
+/// Keeps the header a cache of the log: the session's own `session/lineage` (at or after the
+/// header's `seed_len`) must say what the header says, and a `subagent/descriptor` in the own
+/// suffix makes the session's origin `Subagent`. Returns the origin after `events`.
+fn header_facts(
+    header: &Header,
+    events: &[Event],
+) -> Result<Option<lineage_log::Origin>, LogError> {
+    let mut origin = header.origin;
+    for event in events {
+        match &event.body {
+            // Lineage events before `seed_len` are ancestors', inherited with the prefix.
+            EventBody::SessionLineage(l)
+                if event.seq >= header.seed_len
+                    && (header.parent != Some(l.parent)
+                        || header.seed_len != l.seed_len
+                        || header.seed_digest != Some(l.seed_digest)
+                        || header.delegation_depth != l.delegation_depth) =>
+            {
+                return Err(LogError::InvalidEvent {
+                    seq: event.seq,
+                    kind: event.kind(),
+                    reason: "session/lineage disagrees with the session's header (parent, seed \
+                             length, seed digest or delegation depth)"
+                        .into(),
+                });
+            }
+            EventBody::SubagentDescriptor(_) if event.seq >= header.seed_len => {
+                origin = Some(lineage_log::Origin::Subagent);
+            }
+            _ => {}
+        }
+    }
+    Ok(origin)
 }
 
 fn info_of(record: SessionRecord) -> SessionInfo {

@@ -1440,3 +1440,49 @@ fn a_refused_batch_names_its_first_offending_event() {
     }
     assert_eq!(store.info(id).unwrap().len, 6);
 }
+
+#[test]
+fn a_descriptor_in_the_own_suffix_makes_the_stored_origin_subagent() {
+    let store = mem_store();
+    let (id, header) = fresh();
+    store
+        .import(header, &completed_turn(1, 0, "before"))
+        .unwrap();
+    let descriptor = lineage_log::SubagentDescriptor {
+        version: 2,
+        mode: lineage_log::DescriptorMode::OneShot,
+        provider: "spawn".into(),
+        label: None,
+        agent_provider: None,
+        agent_model: None,
+        persona: None,
+        tool_filter: None,
+    };
+    store
+        .append(id, &[at(6, EventBody::from(descriptor))])
+        .unwrap();
+    assert_eq!(
+        store.info(id).unwrap().header.origin,
+        Some(lineage_log::Origin::Subagent),
+        "the header caches what the log says"
+    );
+    assert_intact(&store.verify().unwrap());
+}
+
+#[test]
+fn a_lineage_event_that_contradicts_the_header_is_refused() {
+    let store = mem_store();
+    let (id, header) = fresh();
+    store.create(header).unwrap();
+    let stranger = lineage_log::SessionLineage {
+        parent: SessionId::new(),
+        seed_len: 0,
+        seed_digest: lineage_log::Digest::of_empty(),
+        delegation_depth: 1,
+    };
+    match store.append(id, &[at(0, EventBody::from(stranger))]) {
+        Err(StoreError::Rejected { session, .. }) => assert_eq!(session, id),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(store.list().unwrap().is_empty(), "nothing was written");
+}

@@ -67,13 +67,26 @@ pub fn fold_delegation_depth(events: &[Event], runtime_depth: u32) -> u32 {
 /// The header facts the log holds, applied to `header`: parent, seed length and digest, depth and
 /// origin. `verify` compares a stored header with this.
 pub fn fold_header(header: &Header, events: &[Event]) -> Header {
-    let lineage = fold_lineage(events);
+    with_log_facts(
+        header,
+        fold_lineage(events),
+        fold_descriptor(events).is_some(),
+    )
+}
+
+/// `header` with the facts of a session's own `session/lineage` (if any) and of whether its own
+/// suffix holds a `subagent/descriptor`.
+pub fn with_log_facts(
+    header: &Header,
+    lineage: Option<&SessionLineage>,
+    has_descriptor: bool,
+) -> Header {
     Header {
         parent: lineage.map(|l| l.parent),
         seed_len: lineage.map_or(0, |l| l.seed_len),
         seed_digest: lineage.map(|l| l.seed_digest),
         delegation_depth: lineage.map_or(0, |l| l.delegation_depth),
-        origin: fold_descriptor(events).map(|_| Origin::Subagent),
+        origin: has_descriptor.then_some(Origin::Subagent),
         ..header.clone()
     }
 }

@@ -36,7 +36,7 @@ pub use event::{
 };
 pub use fold::{
     PolicyOverrides, final_output, fold_delegation_depth, fold_descriptor, fold_header,
-    fold_lineage, fold_policy, model_history, own_suffix, seed_len,
+    fold_lineage, fold_policy, model_history, own_suffix, seed_len, with_log_facts,
 };
 pub use fork::{
     ForkSpec, Forked, child_header, fork_session, fork_session_with_setup, origin_of, setup_events,

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use lineage_log::{
-    Chain, Digest, Encoder, EventBody, Header, Origin, Records, SessionId, SessionLineage,
-    Structure, decode_record,
+    Chain, Digest, Encoder, EventBody, Header, Records, SessionId, SessionLineage, Structure,
+    decode_record, with_log_facts,
 };
 use redb::ReadableTable;
 
@@ -423,8 +423,35 @@ fn scan_session(
 }
 
 fn check_header(header: &Header, scan: &Scan, problems: &mut Vec<Problem>) {
-    let lineage = scan.lineage.as_ref();
-    let mut differ = |field: &'static str, stored: String, folded: String| {
+    let folded = with_log_facts(header, scan.lineage.as_ref(), scan.has_descriptor);
+    let fields: [(&'static str, String, String); 5] = [
+        (
+            "parent",
+            format!("{:?}", header.parent),
+            format!("{:?}", folded.parent),
+        ),
+        (
+            "seed_len",
+            header.seed_len.to_string(),
+            folded.seed_len.to_string(),
+        ),
+        (
+            "seed_digest",
+            format!("{:?}", header.seed_digest),
+            format!("{:?}", folded.seed_digest),
+        ),
+        (
+            "delegation_depth",
+            header.delegation_depth.to_string(),
+            folded.delegation_depth.to_string(),
+        ),
+        (
+            "origin",
+            format!("{:?}", header.origin),
+            format!("{:?}", folded.origin),
+        ),
+    ];
+    for (field, stored, folded) in fields {
         if stored != folded {
             problems.push(Problem::HeaderMismatch {
                 field,
@@ -432,33 +459,5 @@ fn check_header(header: &Header, scan: &Scan, problems: &mut Vec<Problem>) {
                 folded,
             });
         }
-    };
-    let show = |id: Option<SessionId>| id.map_or_else(|| "none".to_owned(), |p| p.to_string());
-    differ(
-        "parent",
-        show(header.parent),
-        show(lineage.map(|l| l.parent)),
-    );
-    differ(
-        "seed_len",
-        header.seed_len.to_string(),
-        lineage.map_or(0, |l| l.seed_len).to_string(),
-    );
-    let digest = |d: Option<Digest>| d.map_or_else(|| "none".to_owned(), |d| d.to_string());
-    differ(
-        "seed_digest",
-        digest(header.seed_digest),
-        digest(lineage.map(|l| l.seed_digest)),
-    );
-    differ(
-        "delegation_depth",
-        header.delegation_depth.to_string(),
-        lineage.map_or(0, |l| l.delegation_depth).to_string(),
-    );
-    let origin = |o: Option<Origin>| format!("{o:?}");
-    differ(
-        "origin",
-        origin(header.origin),
-        origin(scan.has_descriptor.then_some(Origin::Subagent)),
-    );
+    }
 }

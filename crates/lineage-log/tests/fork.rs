@@ -4,12 +4,13 @@
 //! `InvalidBoundary`. The parent is never changed.
 
 use lineage_log::{
-    AbortCause, Chain, Digest, Event, EventBody, EventKind, ForkSpec, Forked, Header, LogError,
-    SessionId, SessionLineage, TurnEndReason, check_seed, encode_record, fold_header, fold_lineage,
-    fork_session, own_suffix, seed_len,
+    AbortCause, Digest, Event, EventBody, EventKind, ForkSpec, Forked, Header, LogError, SessionId,
+    SessionLineage, TurnEndReason, check_seed, fold_header, fold_lineage, fork_session, own_suffix,
+    seed_len,
 };
 use lineage_testkit::ev::{self, mid};
 use lineage_testkit::realistic_session;
+use lineage_testkit::running_digests;
 
 fn parent_header() -> Header {
     let mut header = Header::new(SessionId::from_u128(0xA), 1_000).with_cwd("/work/project");
@@ -25,17 +26,6 @@ fn spec(boundary: Option<u64>) -> ForkSpec {
         time_ms: 9_000,
         delegation_depth: 0,
     }
-}
-
-/// `S(n)` for each n: `digests[k]` is the running digest of the first `k` records.
-fn running_digests(events: &[Event]) -> Vec<Digest> {
-    let mut chain = Chain::new();
-    let mut digests = vec![chain.digest()];
-    for event in events {
-        chain.update(&encode_record(event));
-        digests.push(chain.digest());
-    }
-    digests
 }
 
 fn lineage(forked: &Forked) -> &SessionLineage {

@@ -3,12 +3,12 @@
 //! logs that may end balanced or inside an open turn.
 
 use lineage_log::{
-    Chain, Digest, Encoder, Event, EventBody, EventKind, ForkSpec, Header, Log, LogError,
-    SessionId, SessionLineage, Structure, check_seed, completed_turn_prefix, decode_record,
-    decode_records, encode_record, fold_header, fork_session, interrupted_turn_closers,
-    is_balanced, split_record,
+    Digest, Encoder, Event, EventBody, EventKind, ForkSpec, Header, Log, LogError, SessionId,
+    SessionLineage, Structure, check_seed, completed_turn_prefix, decode_record, decode_records,
+    encode_record, fold_header, fork_session, interrupted_turn_closers, is_balanced, split_record,
 };
 use lineage_testkit::ev::{self, mid};
+use lineage_testkit::running_digests;
 use lineage_testkit::{arb_event, arb_partition, arb_valid_log, balanced_cuts, split_batches};
 use proptest::prelude::*;
 
@@ -19,18 +19,6 @@ fn config() -> ProptestConfig {
         cases: default.cases.max(256),
         ..default
     }
-}
-
-/// `digests[k]` is `S(k - 1)`, the running digest of the first `k` records, computed record by
-/// record (the fork computes it its own way).
-fn running_digests(events: &[Event]) -> Vec<Digest> {
-    let mut chain = Chain::new();
-    let mut digests = vec![chain.digest()];
-    for event in events {
-        chain.update(&encode_record(event));
-        digests.push(chain.digest());
-    }
-    digests
 }
 
 /// A valid log with a random partition of its events into batches.

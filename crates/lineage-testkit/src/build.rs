@@ -62,3 +62,15 @@ impl LogBuilder {
         self.events
     }
 }
+
+/// `S(n)` for every n: `digests[k]` is the running digest of the first `k` records, computed record
+/// by record (independently of how the code under test computes it).
+pub fn running_digests(events: &[Event]) -> Vec<lineage_log::Digest> {
+    let mut chain = lineage_log::Chain::new();
+    let mut digests = vec![chain.digest()];
+    for event in events {
+        chain.update(&lineage_log::encode_record(event));
+        digests.push(chain.digest());
+    }
+    digests
+}

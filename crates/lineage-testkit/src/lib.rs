@@ -22,7 +22,7 @@ pub use arb::{
     arb_balanced_log, arb_event, arb_partition, arb_valid_log, balanced_cuts, split_batches,
     valid_log_from_ops,
 };
-pub use build::LogBuilder;
+pub use build::{LogBuilder, running_digests};
 pub use random::{OPAQUE_TAG_BASE, random_event_body};
 pub use realistic::realistic_session;
 pub use rng::SplitMix64;

@@ -104,20 +104,26 @@ fn main() -> Result<(), Box<dyn Error>> {
             .unwrap_or("none"),
     );
     let forked = store.load(child)?;
+    let children: Vec<String> = store
+        .children(parent)?
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     println!(
-        "reloaded {child}: {} events, {} messages of history, children of the parent: {:?}",
+        "reloaded {child}: {} events, {} messages of history; the parent's children: {}",
         forked.events.len(),
         model_history(&forked.events).len(),
-        store.children(parent)?,
+        children.join(", "),
     );
 
     let report = store.verify()?;
     for session in &report.sessions {
         println!(
-            "verified {}: {} events in {} blocks, {}",
+            "verified {}: {} events in {} block{}, {}",
             session.session,
             session.events,
             session.blocks,
+            if session.blocks == 1 { "" } else { "s" },
             if session.problems.is_empty() {
                 "intact"
             } else {

@@ -131,7 +131,9 @@ pub(crate) enum Db {
 pub(crate) type Opener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
 
 /// The writable database, which the writer replaces after a failed commit: the storage engine
-/// refuses every later transaction on the handle that saw an I/O failure.
+/// refuses every later transaction on the handle that saw an I/O failure. While a reopen has not
+/// succeeded (a long read transaction can keep the old handle's file lock), reads report
+/// [`StoreError::Closed`] and every flush retries the reopen.
 pub(crate) struct Writable {
     current: RwLock<Option<Arc<Database>>>,
     opener: Option<Opener>,
@@ -159,7 +161,7 @@ impl Writable {
             // handle is the last and closing it releases the file's locks.
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
-                std::thread::yield_now();
+                std::thread::sleep(Duration::from_millis(1));
             }
             drop(old);
         }

@@ -74,14 +74,9 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
             "a fork inside the open turn is refused: {refused:?}"
         );
         let descriptor = SubagentDescriptor {
-            version: 2,
-            mode: DescriptorMode::Continuable,
-            provider: "fork".into(),
             label: Some("reviewer".into()),
-            agent_provider: None,
-            agent_model: None,
             persona: Some("A careful reviewer.".into()),
-            tool_filter: None,
+            ..SubagentDescriptor::new(DescriptorMode::Continuable, "fork")
         };
         let header = store.fork_with_setup(
             parent,

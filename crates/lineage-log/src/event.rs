@@ -622,6 +622,25 @@ pub struct SubagentDescriptor {
     pub tool_filter: Option<ToolFilter>,
 }
 
+impl SubagentDescriptor {
+    /// The descriptor version the delegation layer writes today.
+    pub const VERSION: u32 = 2;
+
+    /// A descriptor of the current version for `mode` and `provider`, every optional field empty.
+    pub fn new(mode: DescriptorMode, provider: impl Into<Text>) -> Self {
+        SubagentDescriptor {
+            version: Self::VERSION,
+            mode,
+            provider: provider.into(),
+            label: None,
+            agent_provider: None,
+            agent_model: None,
+            persona: None,
+            tool_filter: None,
+        }
+    }
+}
+
 /// Whether a policy event was the session's own choice or fixed by its delegating parent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PolicySource {

@@ -1448,16 +1448,8 @@ fn a_descriptor_in_the_own_suffix_makes_the_stored_origin_subagent() {
     store
         .import(header, &completed_turn(1, 0, "before"))
         .unwrap();
-    let descriptor = lineage_log::SubagentDescriptor {
-        version: 2,
-        mode: lineage_log::DescriptorMode::OneShot,
-        provider: "spawn".into(),
-        label: None,
-        agent_provider: None,
-        agent_model: None,
-        persona: None,
-        tool_filter: None,
-    };
+    let descriptor =
+        lineage_log::SubagentDescriptor::new(lineage_log::DescriptorMode::OneShot, "spawn");
     store
         .append(id, &[at(6, EventBody::from(descriptor))])
         .unwrap();

@@ -1,1 +1,40 @@
-//! placeholder
+//! The Lineage agent runtime, on tokio.
+//!
+//! An [`Agent`] owns one session: an inbox (its only queue), a turn loop that asks a streaming
+//! [`Model`] and runs [`Tool`]s, and the session's log, mirrored event by event to a
+//! [`lineage_store::Store`]. [`Agents`] is the registry that creates, resumes, hands out and
+//! disposes of live agents. [`ScriptedModel`] is a deterministic model for tests and demos.
+//!
+//! Every inbox change is logged (`inbox/spliced`) before memory changes; the log is flushed before
+//! every model request, before tools run and at every turn end, so a crash loses at most the
+//! unflushed tail of a step, and resuming closes the torn turn.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod agent;
+mod cancel;
+mod error;
+mod hooks;
+mod inbox;
+mod model;
+mod prompt;
+mod registry;
+mod scripted;
+mod tool;
+mod turn;
+
+pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus};
+pub use cancel::Cancellation;
+pub use error::AgentError;
+pub use hooks::{Hooks, NoHooks, PreStep, PreStepDecision};
+pub use inbox::Inbox;
+pub use model::{ABORTED, Assembler, ChunkStream, Model, ModelRequest, ToolSchema};
+pub use prompt::Prompt;
+pub use registry::{AgentSpec, Agents, CreateAgent, DEFAULT_MAX_PARALLEL_TOOLS, Seed};
+pub use scripted::{Gate, Response, SCRIPT_EXHAUSTED, ScriptedCall, ScriptedModel};
+pub use tool::{
+    ABORTED_BEFORE_DISPATCH, BoxFuture, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, Tool,
+    ToolContext, ToolOutput, Toolset,
+};
+pub use turn::{NO_MODEL, PERSISTENCE};

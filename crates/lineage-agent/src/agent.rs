@@ -1,0 +1,720 @@
+//! [`Agent`]: the inbox, the phase (idle or running), the in-memory log mirrored to the store, and
+//! the event bus. The turn loop that drives an agent lives in `turn`.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lineage_log::{
+    AbortCause, Event, EventBody, Header, InboxSpliced, InboxTarget, Log, Message, MessageId, Role,
+    SessionId, Text, TurnNo, TurnStart, check_append, fold_delegation_depth, own_suffix,
+};
+use lineage_store::Store;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, watch};
+
+use crate::inbox::Inbox;
+use crate::registry::Registry;
+use crate::turn::{self, Opened};
+use crate::{AgentError, Cancellation, Hooks, Model, Prompt, Toolset};
+
+/// An agent's model options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentOptions {
+    /// The model provider the agent's requests name.
+    pub provider: Option<Text>,
+    /// The model the agent's requests name.
+    pub model: Option<Text>,
+    /// The most output tokens per request: a positive number, when set.
+    pub max_tokens: Option<u32>,
+    /// The delegation depth the runtime asks for. The depth in force is the larger of this and
+    /// the depth the session's own lineage records, so no option can lower a stored depth.
+    pub subagent_depth: u32,
+}
+
+/// Whether an agent is working. `Running` covers a whole drive: back-to-back turns and their
+/// closing writes, so it does not prove that a turn is open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AgentStatus {
+    /// Nothing is running.
+    Idle,
+    /// A driver is running turns.
+    Running,
+}
+
+/// What an agent's observers see, in the order it happened.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEvent {
+    /// The status changed (published only on change).
+    Status {
+        /// The agent.
+        agent: SessionId,
+        /// The new status.
+        status: AgentStatus,
+    },
+    /// A message entered the inbox.
+    InboxInserted {
+        /// The agent.
+        agent: SessionId,
+        /// The list it entered.
+        target: InboxTarget,
+        /// The message.
+        message: Message,
+    },
+    /// A pending message was claimed into a turn.
+    InboxClaimed {
+        /// The agent.
+        agent: SessionId,
+        /// The turn that claimed it.
+        turn: TurnNo,
+        /// The message.
+        message: Message,
+    },
+    /// A pending message was cancelled without running.
+    InboxDiscarded {
+        /// The agent.
+        agent: SessionId,
+        /// The message.
+        message: Message,
+    },
+    /// An event was appended to the agent's session.
+    Appended {
+        /// The agent.
+        agent: SessionId,
+        /// The event.
+        event: Event,
+    },
+}
+
+/// What the agent is doing.
+#[derive(Debug)]
+enum Phase {
+    Idle { last_turn: TurnNo },
+    Running(Running),
+}
+
+#[derive(Debug)]
+struct Running {
+    /// The cancellation of the current turn (a fresh one per turn).
+    cancel: Cancellation,
+    /// The last turn opened.
+    turn: TurnNo,
+    /// A waking send arrived after the current turn was cancelled: replay it once the driver has
+    /// closed that turn.
+    wake_requested: bool,
+}
+
+struct State {
+    log: Log,
+    inbox: Inbox,
+    phase: Phase,
+    disposing: bool,
+    subscribers: Vec<mpsc::UnboundedSender<AgentEvent>>,
+}
+
+/// What an agent runs with besides its log: fixed at creation or resume.
+pub(crate) struct Config {
+    pub model: Arc<dyn Model>,
+    pub prompt: Arc<Prompt>,
+    pub persona: Option<Text>,
+    pub context: Vec<Text>,
+    pub hooks: Arc<dyn Hooks>,
+    pub max_parallel_tools: usize,
+}
+
+/// An agent: one session's inbox, turn loop and log. Shared as `Arc<Agent>`; the registry's `Arc`
+/// is the live agent, and identity (`Arc::ptr_eq`) is what authority checks compare.
+pub struct Agent {
+    id: SessionId,
+    header: Header,
+    options: AgentOptions,
+    store: Store,
+    runtime: Handle,
+    config: Config,
+    tools: Mutex<Arc<Toolset>>,
+    state: Mutex<State>,
+    /// `true` while no driver runs. Set `false` synchronously when a wake starts one, and `true`
+    /// only when a driver exits with no replacement, so `when_idle` follows replacement drivers.
+    idle: watch::Sender<bool>,
+    disposal: Mutex<Option<watch::Receiver<bool>>>,
+    registry: Weak<Registry>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("id", &self.id)
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent before anything that could panic (the
+    // log is checked before it is changed), so a poisoned lock still guards valid data.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Agent {
+    /// Builds an idle agent over `log`, replaying the inbox from its own suffix.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        header: Header,
+        options: AgentOptions,
+        log: Log,
+        config: Config,
+        tools: Toolset,
+        store: Store,
+        runtime: Handle,
+        registry: Weak<Registry>,
+    ) -> Result<Arc<Agent>, AgentError> {
+        let id = header.id;
+        let inbox = Inbox::replay(own_suffix(log.events())).map_err(|(seq, reason)| {
+            AgentError::InvalidInboxSplice {
+                agent: id,
+                seq,
+                reason,
+            }
+        })?;
+        let last_turn = log.structure().last_turn();
+        Ok(Arc::new(Agent {
+            id,
+            header,
+            options,
+            store,
+            runtime,
+            config,
+            tools: Mutex::new(Arc::new(tools)),
+            state: Mutex::new(State {
+                log,
+                inbox,
+                phase: Phase::Idle { last_turn },
+                disposing: false,
+                subscribers: Vec::new(),
+            }),
+            idle: watch::Sender::new(true),
+            disposal: Mutex::new(None),
+            registry,
+        }))
+    }
+
+    /// The agent's id, which is its session's id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// The session header the agent was created or resumed with.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The agent's options.
+    pub fn options(&self) -> &AgentOptions {
+        &self.options
+    }
+
+    /// The delegation depth in force: the larger of the session's own lineage depth and the
+    /// runtime option.
+    pub fn delegation_depth(&self) -> u32 {
+        fold_delegation_depth(lock(&self.state).log.events(), self.options.subagent_depth)
+    }
+
+    /// The store the agent writes to.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The current status.
+    pub fn status(&self) -> AgentStatus {
+        match lock(&self.state).phase {
+            Phase::Idle { .. } => AgentStatus::Idle,
+            Phase::Running(_) => AgentStatus::Running,
+        }
+    }
+
+    /// A copy of the session's events so far.
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.state).log.events().to_vec()
+    }
+
+    /// Runs `f` over the session's events without copying them.
+    pub fn with_events<R>(&self, f: impl FnOnce(&[Event]) -> R) -> R {
+        f(lock(&self.state).log.events())
+    }
+
+    /// The messages pending in `target`, in order.
+    pub fn pending(&self, target: InboxTarget) -> Vec<Message> {
+        lock(&self.state)
+            .inbox
+            .list(target)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Whether anything is pending in the inbox.
+    pub fn has_pending(&self) -> bool {
+        lock(&self.state).inbox.has_pending()
+    }
+
+    /// The agent's tools, as the turn loop sees them now (empty once the agent is disposed).
+    pub fn toolset(&self) -> Arc<Toolset> {
+        lock(&self.tools).clone()
+    }
+
+    /// A stream of everything that happens to the agent from now on, in order. Nothing is
+    /// dropped; the stream ends when the agent is disposed.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<AgentEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.state).subscribers.push(tx);
+        rx
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    // ----- sending -----------------------------------------------------------------------------
+
+    /// Queues `message` as a prompt for its own turn and wakes the agent.
+    pub fn followup(self: &Arc<Self>, message: Message) -> Result<(), AgentError> {
+        self.send(message, InboxTarget::NextTurn, true)
+    }
+
+    /// Queues `message` for the next step and wakes the agent: on an idle agent it starts a turn,
+    /// on a running one it joins the turn at its next step.
+    pub fn steer(self: &Arc<Self>, message: Message) -> Result<(), AgentError> {
+        self.send(message, InboxTarget::NextStep, true)
+    }
+
+    /// Queues `message` for the next step without waking the agent.
+    pub fn inject(self: &Arc<Self>, message: Message) -> Result<(), AgentError> {
+        self.send(message, InboxTarget::NextStep, false)
+    }
+
+    /// Queues `message` in `target` and, with `wake`, makes sure a driver will claim it.
+    ///
+    /// The splice is durable in the log (admitted to the store) before the inbox changes; if it
+    /// is refused nothing changes and no wake happens. A waking send to an idle agent opens the
+    /// turn and claims its input before returning. A waking send that arrives while the current
+    /// turn is being cancelled goes to `next-turn` (it cannot join a cancelled turn) and is
+    /// replayed once that turn has closed.
+    pub fn send(
+        self: &Arc<Self>,
+        message: Message,
+        target: InboxTarget,
+        wake: bool,
+    ) -> Result<(), AgentError> {
+        if message.role != Role::User {
+            return Err(AgentError::InvalidMessage {
+                agent: self.id,
+                message: message.id,
+                reason: "only user-role messages enter an inbox".into(),
+            });
+        }
+        let opened = {
+            let mut st = lock(&self.state);
+            if st.inbox.position(message.id).is_some() {
+                return Err(AgentError::AlreadyPending {
+                    agent: self.id,
+                    message: message.id,
+                });
+            }
+            // Classified before the insert, so nothing the insert triggers can reclassify it.
+            let after_abort =
+                wake && matches!(&st.phase, Phase::Running(r) if r.cancel.is_cancelled());
+            let target = if after_abort {
+                InboxTarget::NextTurn
+            } else {
+                target
+            };
+            let splice = st.inbox.append_splice(target, message);
+            self.splice(&mut st, splice, true)?;
+            if wake {
+                self.wake(&mut st, after_abort)
+            } else {
+                None
+            }
+        };
+        if let Some(opened) = opened {
+            self.spawn_driver(opened);
+        }
+        Ok(())
+    }
+
+    /// Removes the pending message `id`, cancelling it durably. Returns whether it was pending.
+    pub fn remove_pending(&self, id: MessageId) -> Result<bool, AgentError> {
+        let mut st = lock(&self.state);
+        match st.inbox.remove_splice(id) {
+            Some(splice) => self.splice(&mut st, splice, true).map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Cancels the agent's work with `cause`.
+    ///
+    /// Without `keep_inbox` every pending message is discarded durably (a cancelled splice per
+    /// list) and a pending wake replay is dropped. With it, pending work stays parked until the
+    /// next waking send. Either way the current turn, if any, is cancelled; the first cause of a
+    /// turn is the one its `turn/end` records. Claimed input is never requeued. On an idle agent
+    /// only the inbox is affected.
+    pub fn cancel(&self, cause: AbortCause, keep_inbox: bool) -> Result<(), AgentError> {
+        let mut st = lock(&self.state);
+        if !keep_inbox {
+            for splice in st.inbox.clear_splices() {
+                self.splice(&mut st, splice, true)?;
+            }
+            if let Phase::Running(r) = &mut st.phase {
+                r.wake_requested = false;
+            }
+        }
+        if let Phase::Running(r) = &st.phase {
+            r.cancel.cancel(cause);
+        }
+        Ok(())
+    }
+
+    /// Resolves when the whole agent is quiescent: no driver runs, including drivers started to
+    /// replace one that was winding down. Never fails.
+    pub async fn when_idle(&self) {
+        let mut rx = self.idle.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = rx.wait_for(|idle| *idle).await;
+    }
+
+    /// Disposes of the agent: cancels its work with cause `disposed` (discarding pending input),
+    /// waits until it is idle, flushes its log, drops its tools and leaves the registry. Every
+    /// caller shares one disposal; later calls wait for the first. The session stays stored and
+    /// can be resumed.
+    ///
+    /// Must not be awaited from inside one of the agent's own turns (a tool of this agent): the
+    /// disposal waits for that turn to end.
+    pub async fn dispose(self: &Arc<Self>) {
+        let mut done = {
+            let mut disposal = lock(&self.disposal);
+            match &*disposal {
+                Some(done) => done.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(false);
+                    *disposal = Some(rx.clone());
+                    let agent = self.clone();
+                    self.runtime.spawn(async move {
+                        agent.dispose_now().await;
+                        tx.send_replace(true);
+                    });
+                    rx
+                }
+            }
+        };
+        let _ = done.wait_for(|done| *done).await;
+    }
+
+    /// Whether disposal has begun.
+    pub fn is_disposing(&self) -> bool {
+        lock(&self.state).disposing
+    }
+
+    async fn dispose_now(self: Arc<Self>) {
+        lock(&self.state).disposing = true;
+        if let Err(error) = self.cancel(AbortCause::Disposed, false) {
+            tracing::warn!(agent = %self.id, %error, "disposal could not discard pending input");
+        }
+        self.when_idle().await;
+        if let Err(error) = self.flush().await {
+            tracing::warn!(agent = %self.id, %error, "final flush failed during disposal");
+        }
+        *lock(&self.tools) = Arc::new(Toolset::default());
+        if let Some(registry) = self.registry.upgrade() {
+            registry.remove(&self);
+        }
+        lock(&self.state).subscribers.clear();
+    }
+
+    // ----- the log -------------------------------------------------------------------------------
+
+    /// Appends one event: checked against the log, admitted to the store, then applied in memory
+    /// and published. Returns its seq.
+    pub(crate) fn append(&self, body: impl Into<EventBody>) -> Result<u64, AgentError> {
+        self.append_locked(&mut lock(&self.state), body.into())
+    }
+
+    fn append_locked(&self, st: &mut State, body: EventBody) -> Result<u64, AgentError> {
+        let event = Event::new(st.log.next_seq(), now_ms(), body);
+        let batch = std::slice::from_ref(&event);
+        let log_error = |source| AgentError::Log {
+            agent: self.id,
+            source,
+        };
+        check_append(st.log.structure(), batch).map_err(log_error)?;
+        self.store
+            .admit(self.id, batch)
+            .map_err(|source| AgentError::Store {
+                agent: self.id,
+                source,
+            })?;
+        let seq = event.seq;
+        let published = (!st.subscribers.is_empty()).then(|| event.clone());
+        st.log.append(vec![event]).map_err(log_error)?;
+        if let Some(event) = published {
+            publish(
+                st,
+                AgentEvent::Appended {
+                    agent: self.id,
+                    event,
+                },
+            );
+        }
+        Ok(seq)
+    }
+
+    /// Waits until everything the agent has appended is durable.
+    pub async fn flush(&self) -> Result<(), AgentError> {
+        let store = self.store.clone();
+        let id = self.id;
+        let flushed = tokio::task::spawn_blocking(move || store.flush(id)).await;
+        match flushed {
+            Ok(result) => result.map_err(|source| AgentError::Store { agent: id, source }),
+            // The closure only calls into the store; a panic there is the storage engine's and is
+            // reported as a damaged store.
+            Err(join) => Err(AgentError::Store {
+                agent: id,
+                source: lineage_store::StoreError::Damaged {
+                    reason: join.to_string(),
+                },
+            }),
+        }
+    }
+
+    /// Logs `splice`, then applies it and publishes its effects. With `discard`, removed
+    /// messages are published as discarded (a claim removes without discarding).
+    fn splice(
+        &self,
+        st: &mut State,
+        splice: InboxSpliced,
+        discard: bool,
+    ) -> Result<Vec<Message>, AgentError> {
+        st.inbox
+            .check(&splice)
+            .map_err(|reason| AgentError::InvalidMessage {
+                agent: self.id,
+                message: splice
+                    .inserted
+                    .first()
+                    .map_or_else(MessageId::new, |m| m.id),
+                reason,
+            })?;
+        self.append_locked(st, splice.clone().into())?;
+        let removed = st.inbox.apply(&splice);
+        if discard {
+            for message in &removed {
+                publish(
+                    st,
+                    AgentEvent::InboxDiscarded {
+                        agent: self.id,
+                        message: message.clone(),
+                    },
+                );
+            }
+        }
+        for message in splice.inserted {
+            publish(
+                st,
+                AgentEvent::InboxInserted {
+                    agent: self.id,
+                    target: splice.target,
+                    message,
+                },
+            );
+        }
+        Ok(removed)
+    }
+
+    /// Claims the input of a step (see [`Inbox::claim_splices`]) and publishes the claims.
+    pub(crate) fn claim(&self, target: InboxTarget, turn: TurnNo) -> Vec<Message> {
+        self.claim_locked(&mut lock(&self.state), target, turn)
+    }
+
+    fn claim_locked(&self, st: &mut State, target: InboxTarget, turn: TurnNo) -> Vec<Message> {
+        let mut claimed = Vec::new();
+        for splice in st.inbox.claim_splices(target) {
+            match self.splice(st, splice, false) {
+                Ok(messages) => {
+                    for message in &messages {
+                        publish(
+                            st,
+                            AgentEvent::InboxClaimed {
+                                agent: self.id,
+                                turn,
+                                message: message.clone(),
+                            },
+                        );
+                    }
+                    claimed.extend(messages);
+                }
+                Err(error) => {
+                    // The splice was refused before the inbox changed: the input stays pending.
+                    tracing::warn!(agent = %self.id, turn, %error, "claiming inbox input failed");
+                    break;
+                }
+            }
+        }
+        claimed
+    }
+
+    /// Whether input is waiting for the next step.
+    pub(crate) fn has_step_input(&self) -> bool {
+        !lock(&self.state)
+            .inbox
+            .list(InboxTarget::NextStep)
+            .is_empty()
+    }
+
+    /// Adds `message` to the end of `next-step`, without waking (a tool result's context).
+    pub(crate) fn push_step_input(&self, message: Message) -> Result<(), AgentError> {
+        let mut st = lock(&self.state);
+        let splice = st.inbox.append_splice(InboxTarget::NextStep, message);
+        self.splice(&mut st, splice, true).map(|_| ())
+    }
+
+    /// The model's history now: what the next request carries.
+    pub(crate) fn history(&self) -> Vec<Message> {
+        lock(&self.state)
+            .log
+            .events()
+            .iter()
+            .filter_map(|e| e.body.history_message().cloned())
+            .collect()
+    }
+
+    // ----- the driver ------------------------------------------------------------------------------
+
+    /// Makes sure a driver will claim pending input. On an idle agent this starts one: status
+    /// `running`, `turn/start` and the claim happen here, under the lock; the caller spawns the
+    /// rest. On a running agent the live driver claims the input itself, unless its turn is being
+    /// cancelled, in which case the wake is latched (never for a disposal).
+    fn wake(&self, st: &mut State, after_abort: bool) -> Option<Opened> {
+        if st.disposing {
+            return None;
+        }
+        match &mut st.phase {
+            Phase::Running(running) => {
+                if after_abort && running.cancel.cause() != Some(AbortCause::Disposed) {
+                    running.wake_requested = true;
+                }
+                None
+            }
+            Phase::Idle { last_turn } => {
+                let turn = *last_turn;
+                st.phase = Phase::Running(Running {
+                    cancel: Cancellation::new(),
+                    turn,
+                    wake_requested: false,
+                });
+                self.idle.send_replace(false);
+                self.publish_status(st, AgentStatus::Running);
+                match self.open_turn(st) {
+                    Some(opened) => Some(opened),
+                    None => {
+                        self.go_idle(st);
+                        self.idle.send_replace(true);
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens the next turn of the running driver: `turn/start`, then the claim.
+    fn open_turn(&self, st: &mut State) -> Option<Opened> {
+        let Phase::Running(running) = &st.phase else {
+            return None;
+        };
+        if running.cancel.is_cancelled() {
+            return None;
+        }
+        let (turn, cancel) = (running.turn + 1, running.cancel.clone());
+        if let Err(error) = self.append_locked(st, TurnStart { turn }.into()) {
+            tracing::warn!(agent = %self.id, turn, %error, "could not open a turn");
+            return None;
+        }
+        if let Phase::Running(running) = &mut st.phase {
+            running.turn = turn;
+        }
+        let claimed = self.claim_locked(st, InboxTarget::NextTurn, turn);
+        Some(Opened {
+            turn,
+            cancel,
+            claimed,
+        })
+    }
+
+    fn go_idle(&self, st: &mut State) -> bool {
+        let (turn, wake_requested) = match &st.phase {
+            Phase::Running(r) => (r.turn, r.wake_requested),
+            Phase::Idle { .. } => return false,
+        };
+        st.phase = Phase::Idle { last_turn: turn };
+        self.publish_status(st, AgentStatus::Idle);
+        wake_requested
+    }
+
+    /// Called by the driver after each turn: opens the next turn when the last one completed and
+    /// work is pending, otherwise goes idle (replaying a latched wake). `None` ends the driver.
+    pub(crate) fn after_turn(&self, run_more: bool) -> Option<Opened> {
+        let mut st = lock(&self.state);
+        if run_more && st.inbox.has_pending() && !st.disposing {
+            if let Phase::Running(running) = &mut st.phase {
+                running.cancel = Cancellation::new();
+                running.wake_requested = false;
+            }
+            if let Some(opened) = self.open_turn(&mut st) {
+                return Some(opened);
+            }
+        }
+        let wake_requested = self.go_idle(&mut st);
+        if wake_requested
+            && st.inbox.has_pending()
+            && let Some(opened) = self.wake(&mut st, false)
+        {
+            return Some(opened);
+        }
+        self.idle.send_replace(true);
+        None
+    }
+
+    fn spawn_driver(self: &Arc<Self>, opened: Opened) {
+        let agent = self.clone();
+        self.runtime.spawn(turn::drive(agent, opened));
+    }
+
+    fn publish_status(&self, st: &mut State, status: AgentStatus) {
+        publish(
+            st,
+            AgentEvent::Status {
+                agent: self.id,
+                status,
+            },
+        );
+    }
+}
+
+fn publish(st: &mut State, event: AgentEvent) {
+    match st.subscribers.as_slice() {
+        [] => {}
+        [only] => {
+            if only.send(event).is_err() {
+                st.subscribers.clear();
+            }
+        }
+        _ => st.subscribers.retain(|s| s.send(event.clone()).is_ok()),
+    }
+}

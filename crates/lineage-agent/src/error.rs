@@ -1,0 +1,101 @@
+//! The agent runtime's error type.
+
+use lineage_log::{LogError, MessageId, SessionId};
+use lineage_store::StoreError;
+
+/// Why an agent operation failed. Every variant names the agent (its session id) and the message,
+/// tool, seq or option involved; a refused operation changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The store refused or failed an operation for this agent.
+    #[error("agent {agent}: {source}")]
+    Store {
+        /// The agent.
+        agent: SessionId,
+        /// What the store said.
+        #[source]
+        source: StoreError,
+    },
+    /// An event the agent was about to append breaks a log rule (a bug in the caller's input,
+    /// such as a message with the wrong role).
+    #[error("agent {agent}: {source}")]
+    Log {
+        /// The agent.
+        agent: SessionId,
+        /// The rule.
+        #[source]
+        source: LogError,
+    },
+    /// The message is already pending in the inbox.
+    #[error("agent {agent}: message {message} is already pending in its inbox")]
+    AlreadyPending {
+        /// The agent.
+        agent: SessionId,
+        /// The message.
+        message: MessageId,
+    },
+    /// The message cannot enter an inbox.
+    #[error("agent {agent}: message {message} cannot be queued: {reason}")]
+    InvalidMessage {
+        /// The agent.
+        agent: SessionId,
+        /// The message.
+        message: MessageId,
+        /// Why.
+        reason: String,
+    },
+    /// A live agent already has this id.
+    #[error("agent {agent} is already live")]
+    AlreadyLive {
+        /// The id.
+        agent: SessionId,
+    },
+    /// No live agent has this id.
+    #[error("agent {agent} is not live")]
+    NotLive {
+        /// The id.
+        agent: SessionId,
+    },
+    /// An agent option is out of range.
+    #[error("agent {agent}: option {field} {reason}")]
+    InvalidOption {
+        /// The agent.
+        agent: SessionId,
+        /// The option.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tool filter names a tool the agent does not have.
+    #[error("agent {agent}: the tool filter names {name:?}, which is not one of its tools")]
+    UnknownTool {
+        /// The agent.
+        agent: SessionId,
+        /// The name.
+        name: String,
+    },
+    /// Two of the agent's tools share a name.
+    #[error("agent {agent}: two tools are named {name:?}")]
+    DuplicateTool {
+        /// The agent.
+        agent: SessionId,
+        /// The name.
+        name: String,
+    },
+    /// A stored inbox splice does not apply to the inbox replayed before it.
+    #[error("agent {agent}: invalid persisted inbox splice at seq {seq}: {reason}")]
+    InvalidInboxSplice {
+        /// The agent.
+        agent: SessionId,
+        /// The splice's seq.
+        seq: u64,
+        /// Why it does not apply.
+        reason: String,
+    },
+    /// The creation was cancelled before anything was written.
+    #[error("creating agent {agent} was cancelled")]
+    Cancelled {
+        /// The agent.
+        agent: SessionId,
+    },
+}

@@ -1,0 +1,442 @@
+//! [`Agents`]: the registry of live agents. It creates agents (writing their first events in a
+//! window where nothing is published), resumes them from the store, hands out the exact live
+//! `Arc`, and forgets them when they are disposed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use lineage_log::{
+    Event, EventBody, ForkSpec, Header, Log, SessionId, Text, ToolFilter, setup_events,
+};
+use lineage_store::{Store, StoreError};
+use tokio::runtime::Handle;
+
+use crate::agent::{Config, lock};
+use crate::inbox::Inbox;
+use crate::{Agent, AgentError, AgentOptions, Hooks, Model, NoHooks, Prompt, Tool, Toolset};
+
+/// How many tool calls of one step may run at once, unless an agent says otherwise.
+pub const DEFAULT_MAX_PARALLEL_TOOLS: usize = 10;
+
+/// What an agent runs with, besides its log: given at creation and again at each resume.
+#[derive(Clone)]
+pub struct AgentSpec {
+    /// Model options.
+    pub options: AgentOptions,
+    /// The agent's tools.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Which of them the model may use.
+    pub tool_filter: Option<ToolFilter>,
+    /// A persona that shadows the host prompt's default persona.
+    pub persona: Option<Text>,
+    /// Runtime-context statements that close the system prompt.
+    pub context: Vec<Text>,
+    /// Turn-loop hooks (none by default).
+    pub hooks: Option<Arc<dyn Hooks>>,
+    /// A model for this agent instead of the registry's.
+    pub model: Option<Arc<dyn Model>>,
+    /// How many tool calls of one step may run at once (at least 1).
+    pub max_parallel_tools: usize,
+}
+
+impl Default for AgentSpec {
+    fn default() -> Self {
+        AgentSpec {
+            options: AgentOptions::default(),
+            tools: Vec::new(),
+            tool_filter: None,
+            persona: None,
+            context: Vec::new(),
+            hooks: None,
+            model: None,
+            max_parallel_tools: DEFAULT_MAX_PARALLEL_TOOLS,
+        }
+    }
+}
+
+impl std::fmt::Debug for AgentSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSpec")
+            .field("options", &self.options)
+            .field(
+                "tools",
+                &self.tools.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            )
+            .field("tool_filter", &self.tool_filter)
+            .field("persona", &self.persona)
+            .field("context", &self.context)
+            .field("max_parallel_tools", &self.max_parallel_tools)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a new agent's history comes from.
+#[derive(Clone, Debug)]
+pub enum Seed {
+    /// Nothing: a fresh session.
+    Fresh,
+    /// These events, which must keep the seed contract (seqs from 0, a valid log).
+    Events(Vec<Event>),
+    /// A stored session's completed prefix, copied in the store (see `Store::fork_with_setup`):
+    /// the new session's `session/lineage` records `parent`, the seed length and digest, and
+    /// `delegation_depth`.
+    Fork {
+        /// The session to fork.
+        parent: SessionId,
+        /// The inclusive seq to fork at; `None` forks the whole log, which must be balanced.
+        boundary: Option<u64>,
+        /// The new session's delegation depth.
+        delegation_depth: u32,
+    },
+}
+
+/// Everything `create` needs.
+#[derive(Clone, Debug)]
+pub struct CreateAgent {
+    /// The new session's header. For a fork only its id, creation time and `cwd` are used: the
+    /// rest is folded from the fork's lineage.
+    pub header: Header,
+    /// The history it starts from.
+    pub seed: Seed,
+    /// Events written after the seed in the same transaction: a child's `session/lineage` (for
+    /// a fresh or events seed), its `subagent/descriptor`, delegated policy overrides.
+    pub setup: Vec<EventBody>,
+    /// What it runs with.
+    pub spec: AgentSpec,
+}
+
+impl CreateAgent {
+    /// A fresh top-level agent with `spec`.
+    pub fn fresh(spec: AgentSpec) -> Self {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        CreateAgent {
+            header: Header::new(SessionId::new(), now),
+            seed: Seed::Fresh,
+            setup: Vec::new(),
+            spec,
+        }
+    }
+}
+
+enum Slot {
+    /// An id being created or resumed: not visible yet, but taken.
+    Reserved,
+    Live(Arc<Agent>),
+}
+
+/// The registry's shared state; agents hold a weak reference to leave it when disposed.
+pub(crate) struct Registry {
+    store: Store,
+    model: Arc<dyn Model>,
+    prompt: Arc<Prompt>,
+    slots: Mutex<HashMap<SessionId, Slot>>,
+}
+
+impl Registry {
+    /// Forgets `agent`, if it is still the live agent under its id.
+    pub(crate) fn remove(&self, agent: &Arc<Agent>) {
+        let mut slots = lock(&self.slots);
+        if matches!(slots.get(&agent.id()), Some(Slot::Live(live)) if Arc::ptr_eq(live, agent)) {
+            slots.remove(&agent.id());
+        }
+    }
+}
+
+/// Frees a reserved id unless the reservation was published.
+struct Reservation<'a> {
+    registry: &'a Arc<Registry>,
+    id: SessionId,
+    published: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.published {
+            let mut slots = lock(&self.registry.slots);
+            if matches!(slots.get(&self.id), Some(Slot::Reserved)) {
+                slots.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// The registry of live agents over one store.
+#[derive(Clone)]
+pub struct Agents {
+    inner: Arc<Registry>,
+}
+
+impl std::fmt::Debug for Agents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agents")
+            .field("store", &self.inner.store)
+            .field("live", &self.list().len())
+            .finish()
+    }
+}
+
+impl Agents {
+    /// A registry whose agents persist to `store` and ask `model` unless their spec names another.
+    pub fn new(store: Store, model: Arc<dyn Model>) -> Self {
+        Self::with_prompt(store, model, Prompt::new())
+    }
+
+    /// [`Agents::new`] with the host's system prompt.
+    pub fn with_prompt(store: Store, model: Arc<dyn Model>, prompt: Prompt) -> Self {
+        Agents {
+            inner: Arc::new(Registry {
+                store,
+                model,
+                prompt: Arc::new(prompt),
+                slots: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The live agent with id `id`: the exact `Arc` the registry holds.
+    pub fn get(&self, id: SessionId) -> Option<Arc<Agent>> {
+        match lock(&self.inner.slots).get(&id) {
+            Some(Slot::Live(agent)) => Some(agent.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether `agent` is the live agent under its id (not a stale handle with the same id).
+    pub fn is_live(&self, agent: &Arc<Agent>) -> bool {
+        self.get(agent.id())
+            .is_some_and(|live| Arc::ptr_eq(&live, agent))
+    }
+
+    /// Every live agent, in no particular order.
+    pub fn list(&self) -> Vec<Arc<Agent>> {
+        lock(&self.inner.slots)
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Live(agent) => Some(agent.clone()),
+                Slot::Reserved => None,
+            })
+            .collect()
+    }
+
+    fn reserve(&self, id: SessionId) -> Result<Reservation<'_>, AgentError> {
+        let mut slots = lock(&self.inner.slots);
+        if slots.contains_key(&id) {
+            return Err(AgentError::AlreadyLive { agent: id });
+        }
+        slots.insert(id, Slot::Reserved);
+        Ok(Reservation {
+            registry: &self.inner,
+            id,
+            published: false,
+        })
+    }
+
+    fn publish(&self, mut reservation: Reservation<'_>, agent: &Arc<Agent>) {
+        lock(&self.inner.slots).insert(agent.id(), Slot::Live(agent.clone()));
+        reservation.published = true;
+    }
+
+    fn config(&self, id: SessionId, spec: &AgentSpec) -> Result<(Config, Toolset), AgentError> {
+        if spec.options.max_tokens == Some(0) {
+            return Err(AgentError::InvalidOption {
+                agent: id,
+                field: "max_tokens",
+                reason: "must be a positive number".into(),
+            });
+        }
+        if spec.max_parallel_tools == 0 {
+            return Err(AgentError::InvalidOption {
+                agent: id,
+                field: "max_parallel_tools",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let tools = Toolset::new(id, spec.tools.clone(), spec.tool_filter.clone())?;
+        let config = Config {
+            model: spec
+                .model
+                .clone()
+                .unwrap_or_else(|| self.inner.model.clone()),
+            prompt: self.inner.prompt.clone(),
+            persona: spec.persona.clone(),
+            context: spec.context.clone(),
+            hooks: spec.hooks.clone().unwrap_or_else(|| Arc::new(NoHooks)),
+            max_parallel_tools: spec.max_parallel_tools,
+        };
+        Ok((config, tools))
+    }
+
+    /// Creates an agent and publishes it, idle.
+    ///
+    /// Everything that can be checked is checked before anything is written: the id is not
+    /// live, the options and tools are valid, the seed and setup events form a valid log whose
+    /// inbox replays. Then the seed and setup are written in one store transaction (a fork copies
+    /// its prefix in that transaction), and only then is the agent published. A refusal leaves no
+    /// agent and writes nothing; the id stays free.
+    pub async fn create(&self, create: CreateAgent) -> Result<Arc<Agent>, AgentError> {
+        let CreateAgent {
+            header,
+            seed,
+            setup,
+            spec,
+        } = create;
+        let id = header.id;
+        let reservation = self.reserve(id)?;
+        let (config, tools) = self.config(id, &spec)?;
+        let store_error = |source| AgentError::Store { agent: id, source };
+        let (header, log) = match seed {
+            Seed::Fresh | Seed::Events(_) => {
+                let mut events = match seed {
+                    Seed::Events(events) => events,
+                    _ => Vec::new(),
+                };
+                let first = events.len() as u64;
+                events.extend(setup_events(first, now_ms(&header), setup));
+                header
+                    .validate()
+                    .map_err(|source| AgentError::Log { agent: id, source })?;
+                let log = Log::from_seed(events)
+                    .map_err(|source| AgentError::Log { agent: id, source })?;
+                replay_check(id, &log)?;
+                let store = self.inner.store.clone();
+                let (h, written) = (header.clone(), log.events().to_vec());
+                blocking(move || {
+                    if written.is_empty() {
+                        store.create(h)
+                    } else {
+                        store.import(h, &written)
+                    }
+                })
+                .await
+                .map_err(store_error)?;
+                (header, log)
+            }
+            Seed::Fork {
+                parent,
+                boundary,
+                delegation_depth,
+            } => {
+                // The own suffix of a fork is `session/lineage` and the setup: its inbox replays
+                // from the setup alone.
+                let setup_only = setup_events(1, 0, setup.clone());
+                Inbox::replay(&setup_only).map_err(|(seq, reason)| {
+                    AgentError::InvalidInboxSplice {
+                        agent: id,
+                        seq,
+                        reason,
+                    }
+                })?;
+                let spec = ForkSpec {
+                    child: id,
+                    boundary,
+                    time_ms: header.created_at_ms,
+                    delegation_depth,
+                };
+                let store = self.inner.store.clone();
+                let header = blocking(move || {
+                    let header = store.fork_with_setup(parent, &spec, setup)?;
+                    let loaded = store.load(spec.child)?;
+                    Ok((header, loaded.events))
+                })
+                .await
+                .map_err(store_error)?;
+                let (header, events) = header;
+                let log = Log::from_seed(events)
+                    .map_err(|source| AgentError::Log { agent: id, source })?;
+                (header, log)
+            }
+        };
+        let agent = Agent::new(
+            header,
+            spec.options,
+            log,
+            config,
+            tools,
+            self.inner.store.clone(),
+            Handle::current(),
+            Arc::downgrade(&self.inner),
+        )?;
+        self.publish(reservation, &agent);
+        tracing::debug!(agent = %id, "agent created");
+        Ok(agent)
+    }
+
+    /// Resumes the stored session `id` as a live agent: loads it (a turn torn by a crash is
+    /// closed durably first: interrupted, with unanswered calls answered), replays its inbox and
+    /// publishes it idle. Restored pending work does not run until a waking send; turn numbers
+    /// and seqs continue from the log.
+    pub async fn resume(&self, id: SessionId, spec: AgentSpec) -> Result<Arc<Agent>, AgentError> {
+        let reservation = self.reserve(id)?;
+        let (config, tools) = self.config(id, &spec)?;
+        let store = self.inner.store.clone();
+        let loaded = blocking(move || store.load(id))
+            .await
+            .map_err(|source| AgentError::Store { agent: id, source })?;
+        let log = Log::from_seed(loaded.events)
+            .map_err(|source| AgentError::Log { agent: id, source })?;
+        let agent = Agent::new(
+            loaded.header,
+            spec.options,
+            log,
+            config,
+            tools,
+            self.inner.store.clone(),
+            Handle::current(),
+            Arc::downgrade(&self.inner),
+        )?;
+        self.publish(reservation, &agent);
+        tracing::debug!(agent = %id, "agent resumed");
+        Ok(agent)
+    }
+
+    /// Disposes of the live agent `id` (see [`Agent::dispose`]). Returns whether one was live.
+    pub async fn dispose(&self, id: SessionId) -> bool {
+        match self.get(id) {
+            Some(agent) => {
+                agent.dispose().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Disposes of every live agent and waits for each.
+    pub async fn dispose_all(&self) {
+        for agent in self.list() {
+            agent.dispose().await;
+        }
+    }
+}
+
+fn now_ms(header: &Header) -> i64 {
+    i64::try_from(header.created_at_ms).unwrap_or(i64::MAX)
+}
+
+fn replay_check(id: SessionId, log: &Log) -> Result<(), AgentError> {
+    Inbox::replay(lineage_log::own_suffix(log.events()))
+        .map(|_| ())
+        .map_err(|(seq, reason)| AgentError::InvalidInboxSplice {
+            agent: id,
+            seq,
+            reason,
+        })
+}
+
+/// Runs a synchronous store operation off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result,
+        Err(join) => Err(StoreError::Damaged {
+            reason: join.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,503 @@
+//! The turn loop: turns, steps, the model stream and tool calls, and the closing events that
+//! keep the log balanced whatever stops a turn.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use lineage_log::{
+    AbortCause, AssistantChunk, AssistantMessage, CallId, ContentBlock, FinishReason, InboxTarget,
+    Message, MessageId, MessageSource, Role, StepEnd, StepNo, StepStart, StreamChunk, Text,
+    ToolCall, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo,
+};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::model::{ABORTED, Assembler, failure_finish, next_chunk};
+use crate::tool::{
+    ABORTED_BEFORE_DISPATCH, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, parse_arguments,
+};
+use crate::{
+    Agent, AgentError, Cancellation, ModelRequest, Tool, ToolContext, ToolOutput, Toolset,
+};
+
+/// The error code of a turn whose agent names no model provider or model.
+pub const NO_MODEL: &str = "NO_MODEL";
+/// The error code of a turn that could not write its log.
+pub const PERSISTENCE: &str = "PERSISTENCE";
+
+/// A turn that has been opened (`turn/start` written, first input claimed) and must be run.
+pub(crate) struct Opened {
+    pub turn: TurnNo,
+    pub cancel: Cancellation,
+    pub claimed: Vec<Message>,
+}
+
+/// Why a turn stops early.
+enum Stop {
+    Aborted(AbortCause),
+    Failed(TurnError),
+}
+
+impl From<AgentError> for Stop {
+    fn from(error: AgentError) -> Self {
+        Stop::Failed(turn_error(PERSISTENCE, error.to_string()))
+    }
+}
+
+fn turn_error(code: &str, message: impl Into<Text>) -> TurnError {
+    TurnError {
+        message: message.into(),
+        code: code.into(),
+        status: None,
+        retry_after_ms: None,
+        request_id: None,
+    }
+}
+
+fn check(cancel: &Cancellation) -> Result<(), Stop> {
+    match cancel.cause() {
+        Some(cause) => Err(Stop::Aborted(cause)),
+        None => Ok(()),
+    }
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepOutcome {
+    Completed,
+    MaxTokens,
+    /// Tools ran: the model is owed another request.
+    ToolsOwe,
+}
+
+/// Runs turns until the agent has nothing more to do, then leaves it idle.
+pub(crate) async fn drive(agent: Arc<Agent>, mut opened: Opened) {
+    loop {
+        let span = tracing::info_span!("turn", agent = %agent.id(), turn = opened.turn);
+        let reason = run_turn(&agent, opened).instrument(span).await;
+        let run_more = matches!(reason, TurnEndReason::Completed | TurnEndReason::MaxTokens);
+        match agent.after_turn(run_more) {
+            Some(next) => opened = next,
+            None => return,
+        }
+    }
+}
+
+/// Runs one opened turn to its `turn/end`, which it always writes, then flushes.
+async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
+    let Opened {
+        turn,
+        cancel,
+        claimed,
+    } = opened;
+    let reason = match turn_body(agent, turn, &cancel, claimed).await {
+        Ok(reason) => reason,
+        Err(Stop::Aborted(cause)) => TurnEndReason::Aborted { cause },
+        Err(Stop::Failed(error)) => {
+            tracing::warn!(code = %error.code, message = %error.message, "turn failed");
+            TurnEndReason::Error(Box::new(error))
+        }
+    };
+    if let Err(error) = agent.append(TurnEnd {
+        turn,
+        reason: reason.clone(),
+    }) {
+        tracing::warn!(%error, "could not close the turn");
+    }
+    if let Err(error) = agent.flush().await {
+        tracing::warn!(%error, "could not flush at turn end");
+    }
+    reason
+}
+
+async fn turn_body(
+    agent: &Arc<Agent>,
+    turn: TurnNo,
+    cancel: &Cancellation,
+    claimed: Vec<Message>,
+) -> Result<TurnEndReason, Stop> {
+    // Completed or MaxTokens once a step says the turn may end; MaxTokens is sticky.
+    let mut ends: Option<StepOutcome> = None;
+    let mut step: StepNo = 0;
+    let mut first_input = Some(claimed);
+    loop {
+        check(cancel)?;
+        let claimed = match first_input.take() {
+            Some(claimed) => claimed,
+            None => agent.claim(InboxTarget::NextStep, turn),
+        };
+        let decision = agent
+            .config()
+            .hooks
+            .pre_step(crate::PreStep {
+                agent: agent.clone(),
+                turn,
+                step: step + 1,
+                messages: claimed,
+                cancel: cancel.clone(),
+            })
+            .await;
+        let messages = match decision {
+            crate::PreStepDecision::Enter(messages) => messages,
+            crate::PreStepDecision::Reject => return Ok(TurnEndReason::Blocked),
+        };
+        check(cancel)?;
+        if ends.is_some() && messages.is_empty() {
+            break;
+        }
+        if step == 0 && messages.is_empty() {
+            return Ok(TurnEndReason::Completed);
+        }
+        step += 1;
+        agent.append(StepStart { turn, step })?;
+        let span = tracing::info_span!("step", step);
+        let outcome = async {
+            for message in messages {
+                agent.append(message)?;
+            }
+            run_step(agent, turn, step, cancel).await
+        }
+        .instrument(span)
+        .await;
+        // The step closes whatever happened inside it.
+        let closed = agent.append(StepEnd { turn, step });
+        let outcome = outcome?;
+        closed?;
+        if ends != Some(StepOutcome::MaxTokens) {
+            ends = (outcome != StepOutcome::ToolsOwe).then_some(outcome);
+        }
+        check(cancel)?;
+        if ends.is_some() && !agent.has_step_input() {
+            break;
+        }
+    }
+    Ok(match ends {
+        Some(StepOutcome::MaxTokens) => TurnEndReason::MaxTokens,
+        _ => TurnEndReason::Completed,
+    })
+}
+
+/// One model request and the tool calls it asks for.
+async fn run_step(
+    agent: &Arc<Agent>,
+    turn: TurnNo,
+    step: StepNo,
+    cancel: &Cancellation,
+) -> Result<StepOutcome, Stop> {
+    // Everything so far is durable before the model is asked anything.
+    agent.flush().await?;
+    let tools = agent.toolset();
+    let options = agent.options();
+    let (Some(provider), Some(model)) = (options.provider.clone(), options.model.clone()) else {
+        return Err(Stop::Failed(turn_error(
+            NO_MODEL,
+            format!(
+                "agent {} has no model: set both its provider and model options",
+                agent.id()
+            ),
+        )));
+    };
+    let config = agent.config();
+    let request = ModelRequest {
+        session: agent.id(),
+        turn,
+        step,
+        provider: provider.clone(),
+        model: model.clone(),
+        max_tokens: options.max_tokens,
+        system: config
+            .prompt
+            .render(config.persona.as_deref(), &config.context),
+        tools: tools.schemas(),
+        messages: agent.history(),
+        cancel: cancel.clone(),
+    };
+    let mut stream = config.model.stream(request);
+    let mut assembler = Assembler::new();
+    loop {
+        let item = tokio::select! {
+            biased;
+            cause = cancel.cancelled() => {
+                return Err(interrupt(agent, turn, step, &assembler, cause));
+            }
+            item = next_chunk(&mut stream) => item,
+        };
+        let chunk = match item {
+            None => break,
+            Some(Ok(chunk)) => chunk,
+            Some(Err(failure)) => failure_finish(failure, cancel.is_cancelled()),
+        };
+        let finished = matches!(chunk, StreamChunk::Finish { .. });
+        assembler.push(&chunk);
+        agent.append(AssistantChunk { turn, step, chunk })?;
+        if finished {
+            break;
+        }
+    }
+    drop(stream);
+    if let Some(cause) = cancel.cause() {
+        return Err(interrupt(agent, turn, step, &assembler, cause));
+    }
+    let finish = assembler.finish();
+    match &finish {
+        FinishReason::Error(failure) => {
+            return Err(Stop::Failed(turn_error(
+                &failure.code,
+                failure.message.clone(),
+            )));
+        }
+        FinishReason::Aborted(failure) => {
+            // The model gave up without the turn being cancelled: a failure, not an abort.
+            return Err(Stop::Failed(turn_error(ABORTED, failure.message.clone())));
+        }
+        _ => {}
+    }
+    let message = Message {
+        id: MessageId::new(),
+        role: Role::Assistant,
+        content: assembler.blocks(),
+        source: MessageSource::Model { provider, model },
+    };
+    let calls: Vec<(CallId, Text, Text)> = message
+        .tool_calls()
+        .map(|(id, name, arguments)| (id.clone(), name.into(), arguments.into()))
+        .collect();
+    agent.append(AssistantMessage {
+        turn,
+        step,
+        message,
+        usage: assembler.usage(),
+        interrupted: false,
+    })?;
+    if finish == FinishReason::MaxTokens {
+        return Ok(StepOutcome::MaxTokens);
+    }
+    if calls.is_empty() {
+        return Ok(StepOutcome::Completed);
+    }
+    let concluded = run_tool_calls(agent, &tools, turn, step, calls, cancel).await?;
+    Ok(if concluded {
+        StepOutcome::Completed
+    } else {
+        StepOutcome::ToolsOwe
+    })
+}
+
+/// Writes what survives of a stream cut off by cancellation (its non-blank text and reasoning,
+/// marked interrupted) and returns the abort.
+fn interrupt(
+    agent: &Agent,
+    turn: TurnNo,
+    step: StepNo,
+    assembler: &Assembler,
+    cause: AbortCause,
+) -> Stop {
+    let content = assembler.interrupted_blocks();
+    if !content.is_empty() {
+        let options = agent.options();
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::Assistant,
+            content,
+            source: MessageSource::Model {
+                provider: options.provider.clone().unwrap_or_default(),
+                model: options.model.clone().unwrap_or_default(),
+            },
+        };
+        if let Err(error) = agent.append(AssistantMessage {
+            turn,
+            step,
+            message,
+            usage: assembler.usage(),
+            interrupted: true,
+        }) {
+            tracing::warn!(%error, "could not record the interrupted assistant prefix");
+        }
+    }
+    Stop::Aborted(cause)
+}
+
+/// A call ready to start: either a tool to dispatch or a result decided without running one.
+enum Prepared {
+    Dispatch(Arc<dyn Tool>, serde_json::Value),
+    Decided(ToolOutput),
+}
+
+impl Prepared {
+    fn of(tools: &Toolset, name: &str, raw: &str) -> Self {
+        let Some(tool) = tools.get(name) else {
+            return Prepared::Decided(ToolOutput::error(
+                "ToolNotAvailable",
+                TOOL_NOT_AVAILABLE,
+                format!("No tool named {name:?} is available to this agent."),
+            ));
+        };
+        match parse_arguments(raw) {
+            Ok(arguments) => Prepared::Dispatch(tool.clone(), arguments),
+            Err(reason) => Prepared::Decided(ToolOutput::error(
+                "InvalidArguments",
+                INVALID_ARGUMENTS,
+                format!("The arguments for {name:?} are not valid JSON ({reason}); nothing ran."),
+            )),
+        }
+    }
+
+    /// Whether the call may run alongside others. Decided results run nothing, so they may.
+    fn parallel(&self) -> bool {
+        match self {
+            Prepared::Dispatch(tool, arguments) => tool.parallel_safe(arguments),
+            Prepared::Decided(_) => true,
+        }
+    }
+}
+
+/// A started call whose result is not committed yet.
+enum Started {
+    Running(JoinHandle<ToolOutput>),
+    Decided(ToolOutput),
+}
+
+impl Started {
+    async fn settle(self) -> ToolOutput {
+        match self {
+            Started::Decided(output) => output,
+            Started::Running(handle) => match handle.await {
+                Ok(output) => output,
+                Err(join) => ToolOutput::error(
+                    "ToolPanicked",
+                    TOOL_PANICKED,
+                    format!("The tool failed unexpectedly and returned no result ({join})."),
+                ),
+            },
+        }
+    }
+}
+
+/// Runs the calls of one assistant message. Calls start in model order: a call that is not
+/// parallel-safe runs alone, parallel-safe calls run together up to the agent's limit. Results
+/// are committed in model order. Every `tool/call` is durable before its tool runs. Once the turn
+/// is cancelled no call starts; started calls settle and commit, and every unstarted call gets a
+/// `tool/call` with an `ABORTED_BEFORE_DISPATCH` result, so the log stays paired. Returns whether
+/// a result concluded the turn.
+async fn run_tool_calls(
+    agent: &Arc<Agent>,
+    tools: &Toolset,
+    turn: TurnNo,
+    step: StepNo,
+    calls: Vec<(CallId, Text, Text)>,
+    cancel: &Cancellation,
+) -> Result<bool, Stop> {
+    let limit = agent.config().max_parallel_tools.max(1);
+    let mut prepared: VecDeque<(CallId, Prepared)> = calls
+        .iter()
+        .map(|(id, name, raw)| (id.clone(), Prepared::of(tools, name, raw)))
+        .collect();
+    let mut unstarted = calls.into_iter();
+    let mut in_flight: VecDeque<(CallId, Started, bool)> = VecDeque::new();
+    let mut concluded = false;
+    loop {
+        let mut dispatch = Vec::new();
+        while let Some((_, next)) = prepared.front() {
+            let alone = in_flight.is_empty() && dispatch.is_empty();
+            let joins = next.parallel()
+                && in_flight.iter().all(|(_, _, parallel)| *parallel)
+                && in_flight.len() + dispatch.len() < limit
+                && dispatch.iter().all(|(_, _, parallel)| *parallel);
+            if cancel.is_cancelled() || !(alone || joins) {
+                break;
+            }
+            let (call_id, next) = prepared.pop_front().expect("front() was Some");
+            let (_, name, raw) = unstarted
+                .next()
+                .expect("calls and prepared advance together");
+            agent.append(ToolCall {
+                turn,
+                step,
+                call_id: call_id.clone(),
+                name,
+                arguments: raw,
+            })?;
+            let parallel = next.parallel();
+            dispatch.push((call_id, next, parallel));
+        }
+        if dispatch
+            .iter()
+            .any(|(_, p, _)| matches!(p, Prepared::Dispatch(..)))
+        {
+            // The calls are durable before anything they do can happen.
+            agent.flush().await?;
+        }
+        for (call_id, next, parallel) in dispatch {
+            let started = match next {
+                Prepared::Decided(output) => Started::Decided(output),
+                Prepared::Dispatch(tool, arguments) => {
+                    let ctx = ToolContext {
+                        agent: agent.clone(),
+                        cancel: cancel.clone(),
+                        call_id: call_id.clone(),
+                        turn,
+                        step,
+                    };
+                    let span = tracing::info_span!("tool", name = tool.name(), call = %call_id);
+                    let run = async move { tool.call(ctx, arguments).await };
+                    Started::Running(agent.runtime().spawn(run.instrument(span)))
+                }
+            };
+            in_flight.push_back((call_id, started, parallel));
+        }
+        let Some((call_id, started, _)) = in_flight.pop_front() else {
+            break;
+        };
+        let output = started.settle().await;
+        concluded |= output.concludes_turn;
+        commit(agent, turn, step, call_id, output)?;
+    }
+    for (call_id, name, raw) in unstarted {
+        agent.append(ToolCall {
+            turn,
+            step,
+            call_id: call_id.clone(),
+            name,
+            arguments: raw,
+        })?;
+        let output = ToolOutput::error(
+            "Aborted",
+            ABORTED_BEFORE_DISPATCH,
+            "This tool call did not run: its turn was cancelled before it started.",
+        );
+        commit(agent, turn, step, call_id, output)?;
+    }
+    Ok(concluded)
+}
+
+/// Writes a call's `tool/result`, then queues its contexts for the next step.
+fn commit(
+    agent: &Agent,
+    turn: TurnNo,
+    step: StepNo,
+    call_id: CallId,
+    output: ToolOutput,
+) -> Result<(), Stop> {
+    let message = Message {
+        id: MessageId::new(),
+        role: Role::User,
+        content: vec![ContentBlock::ToolResult {
+            tool_call_id: call_id.clone(),
+            content: output.content,
+            is_error: output.is_error,
+        }],
+        source: MessageSource::Tool { call_id },
+    };
+    agent.append(ToolResult {
+        turn,
+        step,
+        message,
+        error: output.error,
+    })?;
+    for context in output.contexts {
+        if let Err(error) = agent.push_step_input(context) {
+            tracing::warn!(%error, "a tool result's context could not be queued");
+        }
+    }
+    Ok(())
+}

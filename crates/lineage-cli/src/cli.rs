@@ -1,0 +1,202 @@
+//! The command line: subcommands, their arguments and the help text.
+
+use std::path::PathBuf;
+
+use clap::{Args, ColorChoice, Parser, Subcommand};
+
+/// Examples and exit codes, printed after the options by `--help`.
+const AFTER_HELP: &str = "\
+Examples:
+  lineage ls sessions.lineage
+  lineage tree sessions.lineage
+  lineage show sessions.lineage 019b76da-a800-7000-8000-000000000001 --from 120 --limit 40
+  lineage fold sessions.lineage 019b76da --json
+  lineage verify sessions.lineage && echo intact
+  lineage tail -f sessions.lineage 019b76da
+  lineage export sessions.lineage 019b76da > session.jsonl
+  lineage stats sessions.lineage --json
+
+A SESSION is a full session id or the start of exactly one stored session's id.
+The store is always opened read-only, so every command works while a host writes to it.
+
+Exit codes:
+  0  ok
+  1  problems found: verify found damage or inconsistencies, or damage stopped a read
+  2  usage: bad arguments, including a session the store does not hold
+  3  cannot open: missing file, not a Lineage store, a newer format, an I/O error";
+
+/// Inspect Lineage session stores, offline or while a host is writing them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lineage",
+    version,
+    after_help = AFTER_HELP,
+    color = ColorChoice::Never,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List every session: id, creation time, parent, origin, depth, events, turns, last stop
+    /// reason, and whether its log ends inside an open turn.
+    Ls(StoreArgs),
+    /// Show the lineage tree: sessions under their parents, with each child's mode, label,
+    /// provider and depth.
+    Tree(TreeArgs),
+    /// Show a session's events, one per line, the inherited prefix set apart from the session's
+    /// own suffix.
+    Show(ShowArgs),
+    /// Show what resuming a session would rebuild from its log: lineage, delegation depth,
+    /// policy, descriptor, turns, last stop reason, balance.
+    Fold(SessionArgs),
+    /// Check digests, seqs, records, rules, headers and the children index; exit 1 on any problem.
+    Verify(VerifyArgs),
+    /// Print a session's last events; with -f, keep printing new ones as a host appends them.
+    Tail(TailArgs),
+    /// Write a session's events as JSON Lines: {"seq", "time_ms", "body": {"type", "data"}}.
+    Export(ExportArgs),
+    /// Show space used: sessions, events, bytes, and bytes per event by kind.
+    Stats(StoreArgs),
+}
+
+/// Output format shared by the inspection commands.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct Output {
+    /// Print JSON instead of aligned text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A command that reads a whole store.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `tree`.
+#[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// Only this session and its descendants (default: every root session).
+    #[arg(value_name = "ROOT")]
+    pub root: Option<String>,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// A command about one session.
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// How events are printed as text.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct Style {
+    /// Print every assistant/chunk event on its own line (default: one line per run of chunks).
+    #[arg(long)]
+    pub chunks: bool,
+    /// Print texts and arguments whole instead of cutting them at 80 characters.
+    #[arg(long)]
+    pub full: bool,
+}
+
+/// `show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Start at this seq.
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    pub from: u64,
+    /// Show at most this many events.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Text style.
+    #[command(flatten)]
+    pub style: Style,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// Report only this session (the whole store is still read, to check seeds and the index).
+    #[arg(value_name = "SESSION")]
+    pub session: Option<String>,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `tail`.
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// Keep following the session, printing events as they are committed (stop with Ctrl-C).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// How many of the last events to print first.
+    #[arg(short = 'n', long = "lines", value_name = "N", default_value_t = 10)]
+    pub last: u64,
+    /// How often to look for new events while following, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub interval: u64,
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Text style.
+    #[command(flatten)]
+    pub style: Style,
+    /// Output format (JSON Lines, one event per line).
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Accepted like on the other commands: the export is always JSON Lines.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,127 @@
+//! `lineage ls`: one row per session.
+//!
+//! The size of each session's records is not shown: the store keeps no per-session byte count, and
+//! summing it would mean reading every session whole (`lineage stats` gives the store's bytes by
+//! event kind instead). Turns, the last stop reason and the open turn come from the tail of each
+//! log only, so listing stays cheap on large stores.
+
+use std::io::Write;
+
+use lineage_log::Origin;
+use serde_json::{Value, json};
+
+use super::{Ending, ending, id_json, write_json};
+use crate::cli::StoreArgs;
+use crate::error::{CliError, EXIT_OK};
+use crate::open::open;
+use crate::render::{Table, stop_label};
+use crate::time::iso_seconds_u64;
+
+/// Lists every session of the store, oldest first.
+pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+    let opened = open(&args.store)?;
+    let sessions = opened.list()?;
+    let mut rows = Vec::with_capacity(sessions.len());
+    let mut unreadable = Vec::new();
+    for info in &sessions {
+        match ending(&opened, info) {
+            Ok(end) => rows.push((info, Some(end))),
+            // A write failing mid-output is no session's fault.
+            Err(e @ CliError::Output(_)) => return Err(e),
+            // One damaged or newer session does not hide the others: its row says so, and the
+            // exit code reports it after the listing.
+            Err(e) => {
+                unreadable.push(e);
+                rows.push((info, None));
+            }
+        }
+    }
+
+    if args.output.json {
+        let items: Vec<Value> = rows
+            .iter()
+            .map(|(info, end)| {
+                let h = &info.header;
+                json!({
+                    "id": h.id.to_string(),
+                    "created_at_ms": h.created_at_ms,
+                    "created": iso_seconds_u64(h.created_at_ms),
+                    "parent": id_json(h.parent),
+                    "origin": origin_name(h.origin),
+                    "delegation_depth": h.delegation_depth,
+                    "seed_len": h.seed_len,
+                    "cwd": h.cwd.as_deref(),
+                    "agent_preset": h.agent_preset.as_deref(),
+                    "events": info.len,
+                    "turns": end.as_ref().map(|e| e.turns),
+                    "last_stop": end.as_ref().and_then(|e| e.last_stop.as_ref()).map(stop_label),
+                    "open_turn": end.as_ref().and_then(|e| e.open_turn),
+                    "readable": end.is_some(),
+                })
+            })
+            .collect();
+        write_json(out, &Value::Array(items))?;
+    } else {
+        let mut table = Table::new(
+            &[
+                "ID",
+                "CREATED",
+                "PARENT",
+                "ORIGIN",
+                "DEPTH",
+                "EVENTS",
+                "TURNS",
+                "LAST STOP",
+                "OPEN TURN",
+            ],
+            &["DEPTH", "EVENTS", "TURNS"],
+        );
+        for (info, end) in &rows {
+            let h = &info.header;
+            let (turns, stop, open) = match end {
+                Some(Ending {
+                    turns,
+                    last_stop,
+                    open_turn,
+                }) => (
+                    turns.to_string(),
+                    last_stop.as_ref().map_or("-".to_owned(), stop_label),
+                    open_turn.map_or("-".to_owned(), |t| format!("turn {t}")),
+                ),
+                None => ("?".into(), "unreadable".into(), "?".into()),
+            };
+            table.row(vec![
+                h.id.to_string(),
+                iso_seconds_u64(h.created_at_ms),
+                h.parent.map_or("-".to_owned(), |p| p.to_string()),
+                origin_name(h.origin).unwrap_or("-").to_owned(),
+                h.delegation_depth.to_string(),
+                info.len.to_string(),
+                turns,
+                stop,
+                open,
+            ]);
+        }
+        table.write(out)?;
+    }
+
+    let count = unreadable.len();
+    match unreadable.into_iter().next() {
+        None => Ok(EXIT_OK),
+        Some(first) if count == 1 => Err(first),
+        Some(first) => {
+            let message = format!(
+                "{count} sessions could not be read, the first because {}",
+                first.message().unwrap_or_default()
+            );
+            Err(first.restated(message))
+        }
+    }
+}
+
+/// The JSON and table name of an origin.
+fn origin_name(origin: Option<Origin>) -> Option<&'static str> {
+    origin.map(|o| match o {
+        Origin::Subagent => "subagent",
+    })
+}

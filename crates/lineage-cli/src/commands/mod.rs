@@ -1,0 +1,112 @@
+//! The subcommands. Each opens the store read-only, writes its result to `out`, and returns the
+//! exit code (0, or 1 when `verify` found problems).
+
+use std::io::{self, Write};
+
+use lineage_log::{Event, EventBody, SessionId, TurnEndReason};
+use lineage_store::SessionInfo;
+use serde_json::Value;
+
+use crate::cli::Command;
+use crate::error::CliError;
+use crate::open::Opened;
+
+mod export;
+mod fold;
+mod ls;
+mod show;
+mod stats;
+mod tail;
+mod tree;
+mod verify;
+
+/// Runs `command`, writing to `out`.
+pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
+    match command {
+        Command::Ls(args) => ls::run(&args, out),
+        Command::Tree(args) => tree::run(&args, out),
+        Command::Show(args) => show::run(&args, out),
+        Command::Fold(args) => fold::run(&args, out),
+        Command::Verify(args) => verify::run(&args, out),
+        Command::Tail(args) => tail::run(&args, out),
+        Command::Export(args) => export::run(&args, out),
+        Command::Stats(args) => stats::run(&args, out),
+    }
+}
+
+/// Writes `value` as one pretty-printed JSON document and a newline.
+pub fn write_json(out: &mut dyn Write, value: &Value) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::from)?;
+    writeln!(out)
+}
+
+/// Writes `value` as one line of JSON (JSON Lines).
+pub fn write_json_line<T: serde::Serialize + ?Sized>(
+    out: &mut dyn Write,
+    value: &T,
+) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, value).map_err(io::Error::from)?;
+    writeln!(out)
+}
+
+/// The serde form of `value` as a JSON value (`null` if it cannot be represented, which the
+/// event types never are).
+pub fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// An optional id as JSON: its string form, or `null`.
+pub fn id_json(id: Option<SessionId>) -> Value {
+    id.map_or(Value::Null, |id| Value::String(id.to_string()))
+}
+
+/// How a session's log ends, read from its tail.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ending {
+    /// The number of the last turn opened (inherited turns included; 0 when none).
+    pub turns: u32,
+    /// Why the last closed turn ended.
+    pub last_stop: Option<TurnEndReason>,
+    /// The turn the log ends inside, if it ends mid-turn.
+    pub open_turn: Option<u32>,
+}
+
+/// Reads how `info`'s session ends without reading its whole log: the last events, then more
+/// until the last `turn/end` is found (or the log's start is reached). Events committed after
+/// `info` was read are ignored, so the result describes the listed length.
+pub fn ending(opened: &Opened, info: &SessionInfo) -> Result<Ending, CliError> {
+    let session = info.header.id;
+    let len = info.len;
+    let mut window = 256u64;
+    loop {
+        let from = len.saturating_sub(window);
+        let events = opened
+            .store
+            .read_from(session, from)
+            .map_err(|e| opened.fail(e))?;
+        let events: Vec<&Event> = events.iter().filter(|e| e.seq < len).collect();
+        let mut ending = Ending::default();
+        let mut seen_marker = false;
+        for event in events.iter().rev() {
+            match &event.body {
+                EventBody::TurnEnd(end) => {
+                    if !seen_marker {
+                        ending.turns = end.turn;
+                    }
+                    ending.last_stop = Some(end.reason.clone());
+                    return Ok(ending);
+                }
+                EventBody::TurnStart(start) if !seen_marker => {
+                    seen_marker = true;
+                    ending.turns = start.turn;
+                    ending.open_turn = Some(start.turn);
+                }
+                _ => {}
+            }
+        }
+        if from == 0 {
+            return Ok(ending);
+        }
+        window = window.saturating_mul(4);
+    }
+}

@@ -1,0 +1,92 @@
+//! Opening a store read-only and finding the session a command names.
+
+use std::path::{Path, PathBuf};
+
+use lineage_log::SessionId;
+use lineage_store::{SessionInfo, Store};
+
+use crate::error::CliError;
+
+/// A store opened read-only, with the path it was opened from (for messages).
+#[derive(Debug)]
+pub struct Opened {
+    /// The store.
+    pub store: Store,
+    /// Where it lives.
+    pub path: PathBuf,
+}
+
+/// Opens the store at `path` read-only, so it works while a host has the file open for writing.
+///
+/// The path must name an existing file: a missing one is reported, never created.
+pub fn open(path: &Path) -> Result<Opened, CliError> {
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CliError::CannotOpen(format!(
+                "cannot open {shown}: no such file"
+            )));
+        }
+        Err(e) => return Err(CliError::CannotOpen(format!("cannot open {shown}: {e}"))),
+        Ok(meta) if meta.is_dir() => {
+            return Err(CliError::CannotOpen(format!(
+                "cannot open {shown}: it is a directory, not a store file"
+            )));
+        }
+        Ok(meta) if meta.len() == 0 => {
+            return Err(CliError::CannotOpen(format!(
+                "{shown} is not a Lineage store: the file is empty"
+            )));
+        }
+        Ok(_) => {}
+    }
+    let store = Store::open_read_only(path).map_err(|e| CliError::opening(path, e))?;
+    Ok(Opened {
+        store,
+        path: path.to_owned(),
+    })
+}
+
+impl Opened {
+    /// Maps a read failure to the command's error, naming this store.
+    pub fn fail(&self, error: lineage_store::StoreError) -> CliError {
+        CliError::reading(&self.path, error)
+    }
+
+    /// Every session, in creation order.
+    pub fn list(&self) -> Result<Vec<SessionInfo>, CliError> {
+        self.store.list().map_err(|e| self.fail(e))
+    }
+
+    /// The session `arg` names: a full id, or a prefix of exactly one stored session's id.
+    pub fn resolve(&self, arg: &str) -> Result<SessionInfo, CliError> {
+        let arg = arg.trim();
+        if let Ok(id) = arg.parse::<SessionId>() {
+            return self.store.info(id).map_err(|e| self.fail(e));
+        }
+        let looks_like_prefix =
+            !arg.is_empty() && arg.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        if !looks_like_prefix {
+            return Err(CliError::Usage(format!(
+                "{arg:?} is not a session id (a UUID, or the start of one)"
+            )));
+        }
+        let wanted = arg.to_ascii_lowercase();
+        let mut matches: Vec<SessionInfo> = self
+            .list()?
+            .into_iter()
+            .filter(|info| info.header.id.to_string().starts_with(&wanted))
+            .collect();
+        match matches.len() {
+            0 => Err(CliError::Usage(format!(
+                "no session in {} has an id starting with {arg}",
+                self.path.display()
+            ))),
+            1 => Ok(matches.remove(0)),
+            n => Err(CliError::Usage(format!(
+                "{n} sessions in {} have ids starting with {arg}: give more of the id",
+                self.path.display()
+            ))),
+        }
+    }
+}

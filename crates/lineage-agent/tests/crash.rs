@@ -1,0 +1,155 @@
+//! A host process killed with SIGKILL in the middle of a turn: on resume the torn turn is closed
+//! as interrupted, a call that was recorded as started is answered `TOOL_OUTCOME_UNKNOWN`, and
+//! the next turn continues the numbering with the model seeing the synthetic result.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use common::*;
+use lineage_agent::{Agents, CreateAgent, Response, ScriptedModel, ToolOutput};
+use lineage_log::{EventBody, SessionId, TOOL_OUTCOME_UNKNOWN, TurnEndReason};
+use lineage_store::Store;
+
+/// Names the store file the host process writes; without it the helper does nothing.
+const STORE_VAR: &str = "LINEAGE_AGENT_CRASH_STORE";
+/// Where the helper stops: `tool` (inside a tool call) or `stream` (inside a model stream).
+const POINT_VAR: &str = "LINEAGE_AGENT_CRASH_POINT";
+
+/// The host process: creates an agent, sends it a prompt and reports, on stdout, when the turn has
+/// reached the requested point; it then waits forever for the parent to kill it.
+#[tokio::test]
+#[ignore = "helper process for the crash tests"]
+async fn crash_host_child() {
+    let Ok(path) = std::env::var(STORE_VAR) else {
+        return;
+    };
+    let point = std::env::var(POINT_VAR).expect("the parent names a point");
+    let store = Store::open(&path).expect("the host opens the store");
+    let script = match point.as_str() {
+        "tool" => vec![Response::tool_call(
+            "call-1",
+            "deploy",
+            r#"{"target":"prod"}"#,
+        )],
+        _ => vec![Response::hang()],
+    };
+    let model = ScriptedModel::new(script);
+    let agents = Agents::new(store, model.clone());
+    let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let deploy = FnTool::new("deploy", move |_, _| {
+        let reached_tx = reached_tx.clone();
+        async move {
+            let _ = reached_tx.send(());
+            std::future::pending::<ToolOutput>().await
+        }
+    });
+    let agent = agents
+        .create(CreateAgent::fresh(spec_with_tools(vec![deploy])))
+        .await
+        .expect("the agent is created");
+    agent
+        .followup(user("deploy it"))
+        .expect("the prompt is queued");
+    match point.as_str() {
+        "tool" => reached.recv().await.expect("the tool runs"),
+        _ => model.wait_for_requests(1).await,
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "reached {}", agent.id()).expect("stdout is open");
+    out.flush().expect("stdout is open");
+    std::future::pending::<()>().await;
+}
+
+/// Runs the host until it reports `point`, kills it, and returns the agent's id.
+fn crash_host_at(path: &std::path::Path, point: &str) -> SessionId {
+    let mut child: Child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_host_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(STORE_VAR, path)
+        .env(POINT_VAR, point)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the host process starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut id = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("the host's stdout reads");
+        // libtest prints `test crash_host_child ... ` before the helper's own output, on the
+        // same line.
+        if let Some((_, rest)) = line.split_once("reached ") {
+            id = Some(rest.trim().parse().expect("the host prints a session id"));
+            break;
+        }
+    }
+    child.kill().expect("the host is killed");
+    child.wait().expect("the host is reaped");
+    id.expect("the host reached the point before it was killed")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_mid_tool_resumes_with_the_turn_interrupted_and_the_call_answered_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let id = crash_host_at(&path, "tool");
+    let store = Store::open(&path).expect("the store opens after the crash");
+    let model = ScriptedModel::new([Response::text("checked the deployment")]);
+    let agents = Agents::new(store.clone(), model.clone());
+    let agent = agents
+        .resume(id, spec_with_tools(vec![echo()]))
+        .await
+        .unwrap();
+    let events = agent.events();
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "call-1");
+    assert_eq!(results[0].2.as_deref(), Some(TOOL_OUTCOME_UNKNOWN));
+    let tail: Vec<_> = kinds(&events).into_iter().rev().take(4).collect();
+    assert_eq!(tail, ["turn/end", "step/end", "tool/result", "tool/call"]);
+    assert_eq!(turn_ends(&events), [TurnEndReason::Interrupted]);
+    assert_balanced(&events);
+    assert_stored(&store, &agent);
+    // The next turn is turn 2 and the model sees the synthetic answer, so no call dangles.
+    agent.followup(user("did it deploy?")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TurnStart(t) if t.turn == 2))
+    );
+    let request = &model.requests()[0];
+    let answered = request.messages.iter().any(|m| {
+        m.source
+            == lineage_log::MessageSource::Tool {
+                call_id: "call-1".into(),
+            }
+    });
+    assert!(answered, "the synthetic result is in the history");
+    assert_eq!(turn_ends(&events)[1], TurnEndReason::Completed);
+    assert!(store.verify().unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_mid_stream_resumes_with_the_prompt_kept_and_the_turn_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let id = crash_host_at(&path, "stream");
+    let store = Store::open(&path).unwrap();
+    let agents = Agents::new(store.clone(), Arc::new(ScriptedModel::default()));
+    let agent = agents.resume(id, spec()).await.unwrap();
+    let events = agent.events();
+    // The prompt was durable before the model was asked.
+    assert_eq!(user_texts(&events), ["deploy it"]);
+    assert_eq!(turn_ends(&events), [TurnEndReason::Interrupted]);
+    assert!(tool_results(&events).is_empty());
+    assert_balanced(&events);
+}

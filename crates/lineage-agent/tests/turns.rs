@@ -1,0 +1,798 @@
+//! The turn loop, as specified: event order, tools, steering, inject, cancellation at every point
+//! of a turn, the wake latch, keep-inbox parking, and how turns end.
+//!
+//! Every test is deterministic: time is paused, models are scripted and held by gates, and tests
+//! wait on the agent's own events, never on sleeps.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use lineage_agent::{
+    ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, Hooks,
+    INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Response, SCRIPT_EXHAUSTED,
+    TOOL_NOT_AVAILABLE, ToolOutput,
+};
+use lineage_log::{AbortCause, EventBody, EventKind, InboxTarget, Text, ToolFilter, TurnEndReason};
+
+fn aborted(cause: AbortCause) -> TurnEndReason {
+    TurnEndReason::Aborted { cause }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_simple_turn_writes_its_events_in_order() {
+    let h = Harness::new([Response::text("hi")]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    let prompt = user("hello");
+    agent.followup(prompt.clone()).unwrap();
+    // A waking send on an idle agent opens the turn and claims before it returns.
+    assert_eq!(
+        kinds(&agent.events()),
+        ["inbox/spliced", "turn/start", "inbox/spliced"]
+    );
+    assert_eq!(agent.status(), AgentStatus::Running);
+    agent.when_idle().await;
+    let events = agent.events();
+    let mut expected = vec![
+        "inbox/spliced",
+        "turn/start",
+        "inbox/spliced",
+        "step/start",
+        "user/message",
+    ];
+    expected.extend(["assistant/chunk"; 6]); // block start, 2 deltas, block end, usage, finish
+    expected.extend(["assistant/message", "step/end", "turn/end"]);
+    assert_eq!(kinds(&events), expected);
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+    assert_eq!(assistant_texts(&events), ["hi"]);
+    let EventBody::InboxSpliced(claim) = &events[2].body else {
+        panic!("the claim is a splice")
+    };
+    assert_eq!((claim.removed, claim.canceled), (1, false));
+    // The request carried exactly the history at dispatch, and the store mirrors the log.
+    let requests = h.model.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].messages, vec![prompt.clone()]);
+    assert_eq!(requests[0].max_tokens, Some(1024));
+    assert_stored(&h.store, &agent);
+    // Observers saw the insert, the claim (with the message and the turn) and one status pair.
+    let mut seen = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        seen.push(event);
+    }
+    assert!(seen.iter().any(|e| matches!(e,
+        AgentEvent::InboxInserted { message, target: InboxTarget::NextTurn, .. } if message.id == prompt.id)));
+    assert!(seen.iter().any(|e| matches!(e,
+        AgentEvent::InboxClaimed { message, turn: 1, .. } if message.id == prompt.id)));
+    let statuses: Vec<_> = seen
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [AgentStatus::Running, AgentStatus::Idle]);
+    let appended = seen
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::Appended { .. }))
+        .count();
+    assert_eq!(appended, events.len(), "every event is published");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_result_reaches_the_next_request() {
+    let h = Harness::new([
+        Response::tool_call("c1", "echo", r#"{"x":1}"#),
+        Response::text("done"),
+    ]);
+    let agent = h.agent_with(spec_with_tools(vec![echo()])).await;
+    agent.followup(user("use the tool")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    let kinds = kinds(&events);
+    let at = kinds.iter().position(|k| *k == "tool/call").unwrap();
+    assert_eq!(
+        kinds[at - 1..at + 5],
+        [
+            "assistant/message",
+            "tool/call",
+            "tool/result",
+            "step/end",
+            "step/start",
+            "assistant/chunk"
+        ]
+    );
+    assert_eq!(
+        tool_results(&events),
+        [("c1".into(), r#"{"x":1}"#.into(), None)]
+    );
+    let requests = h.model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].tools.len(), 1);
+    let second = &requests[1].messages;
+    assert_eq!(second.len(), 3, "prompt, assistant tool call, tool result");
+    assert_eq!(
+        second[2].source,
+        lineage_log::MessageSource::Tool {
+            call_id: "c1".into()
+        }
+    );
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+}
+
+fn gated_tool(name: &'static str, gate: &Gate) -> Arc<FnTool> {
+    let gate = gate.clone();
+    FnTool::new(name, move |_, _| {
+        let gate = gate.clone();
+        async move {
+            gate.wait().await;
+            ToolOutput::text("waited")
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steer_joins_the_next_step_of_the_running_turn() {
+    let gate = Gate::new();
+    let h = Harness::new([
+        Response::tool_call("c1", "wait", "{}"),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
+        .await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("start")).unwrap();
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    let steer = user("also consider this");
+    agent.steer(steer.clone()).unwrap();
+    assert_eq!(agent.pending(InboxTarget::NextStep), vec![steer.clone()]);
+    gate.open();
+    agent.when_idle().await;
+    let events = agent.events();
+    let step2 = events
+        .iter()
+        .position(|e| matches!(&e.body, EventBody::StepStart(s) if s.step == 2))
+        .unwrap();
+    assert!(matches!(&events[step2 + 1].body, EventBody::UserMessage(m) if m.id == steer.id));
+    let second = &h.model.requests()[1].messages;
+    assert_eq!(
+        second.last(),
+        Some(&steer),
+        "the steer follows the tool result"
+    );
+    assert_eq!(turn_ends(&events).len(), 1, "no new turn");
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_inject_waits_for_a_wake_and_comes_before_the_prompt() {
+    let h = Harness::new([Response::text("ok")]);
+    let agent = h.agent().await;
+    agent.inject(user("context")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(kinds(&agent.events()), ["inbox/spliced"]);
+    agent.followup(user("prompt")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&agent.events()), ["context", "prompt"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_inject_is_claimed_at_the_next_step_after_the_results() {
+    let gate = Gate::new();
+    let h = Harness::new([
+        Response::tool_call("c1", "wait", "{}"),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
+        .await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("start")).unwrap();
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    agent.inject(user("late context")).unwrap();
+    gate.open();
+    agent.when_idle().await;
+    let events = agent.events();
+    let kinds = kinds(&events);
+    let result = kinds.iter().position(|k| *k == "tool/result").unwrap();
+    let injected = events
+        .iter()
+        .position(|e| matches!(&e.body, EventBody::UserMessage(m) if m.text() == "late context"))
+        .unwrap();
+    assert!(injected > result);
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn n_followups_run_as_n_turns_in_order_under_one_running_status() {
+    let h = Harness::new([
+        Response::text("1"),
+        Response::text("2"),
+        Response::text("3"),
+    ]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    for text in ["a", "b", "c"] {
+        agent.followup(user(text)).unwrap();
+    }
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(user_texts(&events), ["a", "b", "c"]);
+    assert_eq!(assistant_texts(&events), ["1", "2", "3"]);
+    let turns: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TurnStart(t) => Some(t.turn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(statuses(&mut rx), [AgentStatus::Running, AgentStatus::Idle]);
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_right_after_the_wake_closes_the_turn_without_a_step() {
+    let h = Harness::new([Response::text("never")]);
+    let agent = h.agent().await;
+    agent.followup(user("x")).unwrap();
+    // The prompt was claimed synchronously: keeping the inbox keeps nothing.
+    agent.cancel(AbortCause::User, true).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(
+        kinds(&events),
+        ["inbox/spliced", "turn/start", "inbox/spliced", "turn/end"]
+    );
+    assert_eq!(turn_ends(&events), [aborted(AbortCause::User)]);
+    assert!(!agent.has_pending());
+    assert!(h.model.requests().is_empty());
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_mid_stream_keeps_the_interrupted_prefix() {
+    let h = Harness::new([Response::hang()]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("x")).unwrap();
+    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    agent.cancel(AbortCause::User, false).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    let tail: Vec<_> = kinds(&events).into_iter().rev().take(3).collect();
+    assert_eq!(tail, ["turn/end", "step/end", "assistant/message"]);
+    let interrupted = events
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::AssistantMessage(m) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    assert!(interrupted.interrupted);
+    assert_eq!(interrupted.message.text(), "partial");
+    assert_eq!(turn_ends(&events), [aborted(AbortCause::User)]);
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones() {
+    let h = Harness::new([Response::tool_calls(
+        None,
+        &[("c1", "until_cancelled", "{}"), ("c2", "echo", "{}")],
+    )]);
+    let until_cancelled = FnTool::new("until_cancelled", |ctx, _| async move {
+        ctx.cancel.cancelled().await;
+        ToolOutput::text("stopped cleanly")
+    });
+    let agent = h
+        .agent_with(spec_with_tools(vec![until_cancelled, echo()]))
+        .await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("x")).unwrap();
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    agent.cancel(AbortCause::Parent, false).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(
+        tool_results(&events),
+        [
+            ("c1".into(), "stopped cleanly".into(), None),
+            (
+                "c2".into(),
+                "This tool call did not run: its turn was cancelled before it started.".into(),
+                Some(ABORTED_BEFORE_DISPATCH.into())
+            ),
+        ]
+    );
+    let tail: Vec<_> = kinds(&events).into_iter().rev().take(5).collect();
+    assert_eq!(
+        tail,
+        [
+            "turn/end",
+            "step/end",
+            "tool/result",
+            "tool/call",
+            "tool/result"
+        ]
+    );
+    assert_eq!(turn_ends(&events), [aborted(AbortCause::Parent)]);
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_from_inside_a_tool_ends_the_turn_before_the_next_step() {
+    let h = Harness::new([
+        Response::tool_call("c1", "stop_me", "{}"),
+        Response::text("never"),
+    ]);
+    let stop_me = FnTool::new("stop_me", |ctx, _| async move {
+        ctx.agent
+            .cancel(
+                AbortCause::Hook {
+                    reason: "policy".into(),
+                },
+                false,
+            )
+            .unwrap();
+        ToolOutput::text("asked to stop")
+    });
+    let agent = h.agent_with(spec_with_tools(vec![stop_me])).await;
+    agent.followup(user("x")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(h.model.requests().len(), 1, "no second step");
+    assert_eq!(
+        turn_ends(&events),
+        [aborted(AbortCause::Hook {
+            reason: "policy".into()
+        })]
+    );
+    assert_eq!(tool_results(&events)[0].1, "asked to stop");
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_cause_wins() {
+    let h = Harness::new([Response::hang()]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("x")).unwrap();
+    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    agent.cancel(AbortCause::User, true).unwrap();
+    agent.cancel(AbortCause::Parent, true).unwrap();
+    agent.dispose().await;
+    assert_eq!(turn_ends(&agent.events()), [aborted(AbortCause::User)]);
+    assert!(h.agents.get(agent.id()).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_inbox_parks_queued_work_until_the_next_waking_send() {
+    let h = Harness::new([
+        Response::hang(),
+        Response::text("for b"),
+        Response::text("for c"),
+    ]);
+    let agent = h.agent().await;
+    agent.followup(user("a")).unwrap();
+    h.model.wait_for_requests(1).await;
+    agent.followup(user("b")).unwrap();
+    agent.cancel(AbortCause::User, true).unwrap();
+    agent.when_idle().await;
+    // b was queued before the cancel: it is parked, not run.
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    let parked: Vec<String> = agent
+        .pending(InboxTarget::NextTurn)
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(parked, ["b"]);
+    assert_eq!(turn_ends(&agent.events()), [aborted(AbortCause::User)]);
+    // The next waking send runs the parked work first.
+    agent.followup(user("c")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(user_texts(&events), ["a", "b", "c"]);
+    assert_eq!(
+        turn_ends(&events),
+        [
+            aborted(AbortCause::User),
+            TurnEndReason::Completed,
+            TurnEndReason::Completed
+        ]
+    );
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_without_keep_inbox_discards_queued_work_durably() {
+    let h = Harness::new([Response::hang()]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("a")).unwrap();
+    h.model.wait_for_requests(1).await;
+    let queued = user("b");
+    agent.followup(queued.clone()).unwrap();
+    agent.cancel(AbortCause::User, false).unwrap();
+    agent.when_idle().await;
+    assert!(!agent.has_pending());
+    let discarded = wait_for(&mut rx, |e| matches!(e, AgentEvent::InboxDiscarded { .. })).await;
+    assert!(
+        matches!(discarded, AgentEvent::InboxDiscarded { message, .. } if message.id == queued.id)
+    );
+    let cancelled = agent.events().iter().any(|e| {
+        matches!(&e.body, EventBody::InboxSpliced(s) if s.canceled && s.removed == 1 && s.target == InboxTarget::NextTurn)
+    });
+    assert!(cancelled, "the discard is in the log");
+    assert_eq!(turn_ends(&agent.events()).len(), 1);
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_during_the_cancel_window_is_latched_and_replayed_after_turn_end() {
+    let h = Harness::new([Response::hang(), Response::text("for b")]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("a")).unwrap();
+    h.model.wait_for_requests(1).await;
+    agent.cancel(AbortCause::User, false).unwrap();
+    // The driver has not closed turn 1 yet: this send cannot join it and is latched.
+    agent.steer(user("b")).unwrap();
+    assert_eq!(
+        agent.pending(InboxTarget::NextTurn).len(),
+        1,
+        "redirected to next-turn"
+    );
+    agent.when_idle().await; // follows the replacement driver
+    let events = agent.events();
+    assert_eq!(user_texts(&events), ["a", "b"]);
+    assert_eq!(
+        turn_ends(&events),
+        [aborted(AbortCause::User), TurnEndReason::Completed]
+    );
+    let turn_end_1 = events
+        .iter()
+        .position(|e| e.kind() == EventKind::TurnEnd)
+        .unwrap();
+    let turn_start_2 = events
+        .iter()
+        .rposition(|e| e.kind() == EventKind::TurnStart)
+        .unwrap();
+    assert!(turn_end_1 < turn_start_2);
+    assert_eq!(
+        statuses(&mut rx),
+        [
+            AgentStatus::Running,
+            AgentStatus::Idle,
+            AgentStatus::Running,
+            AgentStatus::Idle
+        ]
+    );
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_tokens_is_sticky_for_the_rest_of_the_turn() {
+    let gate = Gate::new();
+    let h = Harness::new([
+        Response::max_tokens("cut of").gated(&gate),
+        Response::text("fine"),
+    ]);
+    let agent = h.agent().await;
+    agent.followup(user("a")).unwrap();
+    h.model.wait_for_requests(1).await;
+    agent.inject(user("more")).unwrap();
+    gate.open();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(
+        h.model.requests().len(),
+        2,
+        "the injected input ran a second step"
+    );
+    assert_eq!(turn_ends(&events), [TurnEndReason::MaxTokens]);
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn model_failures_end_the_turn_with_an_error_and_the_agent_carries_on() {
+    let h = Harness::new([
+        Response::error("RATE_LIMITED", "slow down"),
+        Response::text("ok"),
+    ]);
+    let agent = h.agent().await;
+    agent.followup(user("a")).unwrap();
+    agent.when_idle().await;
+    agent.followup(user("b")).unwrap();
+    agent.when_idle().await;
+    // The script is now exhausted: the adapter failure becomes an error finish too.
+    agent.followup(user("c")).unwrap();
+    agent.when_idle().await;
+    let ends = turn_ends(&agent.events());
+    let codes: Vec<String> = ends
+        .iter()
+        .map(|r| match r {
+            TurnEndReason::Error(e) => e.code.to_string(),
+            TurnEndReason::Completed => "completed".into(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(codes, ["RATE_LIMITED", "completed", SCRIPT_EXHAUSTED]);
+    let finishes = agent
+        .events()
+        .iter()
+        .filter(|e| matches!(&e.body, EventBody::AssistantChunk(c) if matches!(c.chunk, lineage_log::StreamChunk::Finish { .. })))
+        .count();
+    assert_eq!(finishes, 3, "every failure is logged as a finish chunk");
+    assert_balanced(&agent.events());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_without_a_model_fails_its_turn_with_no_model() {
+    let h = Harness::new([]);
+    let agent = h.agent_with(AgentSpec::default()).await;
+    agent.followup(user("a")).unwrap();
+    agent.when_idle().await;
+    match &turn_ends(&agent.events())[..] {
+        [TurnEndReason::Error(e)] => assert_eq!(e.code, NO_MODEL),
+        other => panic!("expected a NO_MODEL error, got {other:?}"),
+    }
+}
+
+struct RejectAll;
+
+impl Hooks for RejectAll {
+    fn pre_step(&self, _: PreStep) -> BoxFuture<'_, PreStepDecision> {
+        Box::pin(async { PreStepDecision::Reject })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_pre_step_blocks_the_turn_and_the_input_never_enters_history() {
+    let h = Harness::new([]);
+    let agent = h
+        .agent_with(AgentSpec {
+            hooks: Some(Arc::new(RejectAll)),
+            ..spec()
+        })
+        .await;
+    agent.followup(user("forbidden")).unwrap();
+    agent.followup(user("parked")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(turn_ends(&events), [TurnEndReason::Blocked]);
+    assert!(user_texts(&events).is_empty());
+    assert_eq!(
+        agent.pending(InboxTarget::NextTurn).len(),
+        1,
+        "later work parks"
+    );
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn filtered_unknown_and_malformed_calls_get_error_results_without_running() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = {
+        let ran = ran.clone();
+        FnTool::new("secret", move |_, _| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            async { ToolOutput::text("ran") }
+        })
+    };
+    let h = Harness::new([
+        Response::tool_calls(
+            None,
+            &[
+                ("c1", "secret", "{}"),
+                ("c2", "nope", "{}"),
+                ("c3", "echo", "{oops"),
+            ],
+        ),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(AgentSpec {
+            tool_filter: Some(ToolFilter {
+                allow: None,
+                deny: Some(vec![Text::from("secret")]),
+            }),
+            ..spec_with_tools(vec![counted, echo()])
+        })
+        .await;
+    agent.followup(user("x")).unwrap();
+    agent.when_idle().await;
+    let codes: Vec<_> = tool_results(&agent.events())
+        .into_iter()
+        .map(|(_, _, code)| code)
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            Some(TOOL_NOT_AVAILABLE.to_string()),
+            Some(TOOL_NOT_AVAILABLE.to_string()),
+            Some(INVALID_ARGUMENTS.to_string())
+        ]
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    let visible: Vec<_> = h.model.requests()[0]
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(visible, ["echo"], "the filter hides the denied tool");
+    assert_balanced(&agent.events());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_concluding_result_ends_the_turn_and_contexts_join_the_next_step() {
+    let h = Harness::new([
+        Response::tool_call("c1", "note", "{}"),
+        Response::tool_call("c2", "finish", "{}"),
+    ]);
+    let note = FnTool::new("note", |_, _| async {
+        ToolOutput::text("noted").with_context(user("a note for the next step"))
+    });
+    let finish = FnTool::new("finish", |_, _| async {
+        ToolOutput::text("finished").concluding()
+    });
+    let agent = h.agent_with(spec_with_tools(vec![note, finish])).await;
+    agent.followup(user("x")).unwrap();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(
+        h.model.requests().len(),
+        2,
+        "the concluding result ends the turn"
+    );
+    let second = &h.model.requests()[1].messages;
+    assert_eq!(
+        second.last().map(|m| m.text()),
+        Some("a note for the next step".into())
+    );
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+    assert_balanced(&events);
+}
+
+#[tokio::test(start_paused = true)]
+async fn parallel_calls_run_together_up_to_the_limit_and_commit_in_model_order() {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let gates: Vec<Gate> = (0..3).map(|_| Gate::new()).collect();
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let tool = {
+        let (in_flight, most, gates) = (in_flight.clone(), most.clone(), gates.clone());
+        FnTool::parallel("fetch", move |_, args| {
+            let (in_flight, most, started_tx) =
+                (in_flight.clone(), most.clone(), started_tx.clone());
+            let i = args["i"].as_u64().unwrap() as usize;
+            let gate = gates[i].clone();
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                started_tx.send(i).unwrap();
+                gate.wait().await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                ToolOutput::text(format!("result {i}"))
+            }
+        })
+    };
+    let h = Harness::new([
+        Response::tool_calls(
+            None,
+            &[
+                ("c0", "fetch", r#"{"i":0}"#),
+                ("c1", "fetch", r#"{"i":1}"#),
+                ("c2", "fetch", r#"{"i":2}"#),
+            ],
+        ),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(AgentSpec {
+            max_parallel_tools: 2,
+            ..spec_with_tools(vec![tool])
+        })
+        .await;
+    agent.followup(user("x")).unwrap();
+    // The first two run together; the third waits for a slot.
+    let mut first_two = [started.recv().await.unwrap(), started.recv().await.unwrap()];
+    first_two.sort();
+    assert_eq!(first_two, [0, 1]);
+    // The later call finishes first; its result still waits for the earlier one's.
+    gates[1].open();
+    gates[2].open();
+    gates[0].open();
+    assert_eq!(started.recv().await, Some(2));
+    agent.when_idle().await;
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "never more than the limit at once"
+    );
+    let ids: Vec<_> = tool_results(&agent.events())
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(ids, ["c0", "c1", "c2"], "results commit in model order");
+    assert_balanced(&agent.events());
+}
+
+#[tokio::test(start_paused = true)]
+async fn exclusive_calls_run_alone() {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let make = |name: &'static str, parallel: bool| {
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        let call = move |_, _| {
+            let (in_flight, most) = (in_flight.clone(), most.clone());
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                ToolOutput::text(name)
+            }
+        };
+        if parallel {
+            FnTool::parallel(name, call)
+        } else {
+            FnTool::new(name, call)
+        }
+    };
+    let h = Harness::new([
+        Response::tool_calls(
+            None,
+            &[
+                ("c0", "read", "{}"),
+                ("c1", "write", "{}"),
+                ("c2", "read", "{}"),
+            ],
+        ),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(spec_with_tools(vec![
+            make("read", true),
+            make("write", false),
+        ]))
+        .await;
+    agent.followup(user("x")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+    assert_eq!(tool_results(&agent.events()).len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_system_prompt_carries_the_persona_and_runtime_context() {
+    let h = Harness::new([Response::text("ok")]);
+    let agent = h
+        .agent_with(AgentSpec {
+            persona: Some("You are a careful reviewer.".into()),
+            context: vec!["Your scope was fixed when you were created.".into()],
+            ..spec()
+        })
+        .await;
+    agent.followup(user("x")).unwrap();
+    agent.when_idle().await;
+    let system = &h.model.requests()[0].system;
+    assert!(
+        system.starts_with("You are a careful reviewer."),
+        "{system}"
+    );
+    assert!(
+        system.contains("- Your scope was fixed when you were created."),
+        "{system}"
+    );
+}

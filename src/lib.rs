@@ -3,7 +3,8 @@
 //! This facade re-exports the crates most hosts need:
 //!
 //! - [`log`]: the session log model (events, messages, rules, repair, fork, folds, codec);
-//! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit).
+//! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit);
+//! - [`agent`]: the agent runtime on tokio (inbox, turn loop, model and tool traits, registry).
 //!
 //! ```no_run
 //! use lineage::log::{Event, Header, SessionId, TurnStart};
@@ -23,5 +24,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub use lineage_agent as agent;
 pub use lineage_log as log;
 pub use lineage_store as store;

@@ -476,6 +476,22 @@ impl Agent {
         Ok(seq)
     }
 
+    /// Records a host event in the agent's session: an `approval/policy` or `sandbox/mode` switch,
+    /// or a `custom` event. Durable at the next flush, like every event. Other kinds belong to the
+    /// runtime (they would desynchronise the inbox or the turn structure) and are refused.
+    pub fn record(&self, body: impl Into<EventBody>) -> Result<u64, AgentError> {
+        let body = body.into();
+        match body {
+            EventBody::ApprovalPolicy(_) | EventBody::SandboxMode(_) | EventBody::Custom(_) => {
+                self.append(body)
+            }
+            other => Err(AgentError::NotRecordable {
+                agent: self.id,
+                kind: other.kind().name(),
+            }),
+        }
+    }
+
     /// Waits until everything the agent has appended is durable.
     pub async fn flush(&self) -> Result<(), AgentError> {
         let store = self.store.clone();

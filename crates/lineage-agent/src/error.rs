@@ -92,6 +92,14 @@ pub enum AgentError {
         /// Why it does not apply.
         reason: String,
     },
+    /// A host tried to record an event kind that only the runtime writes.
+    #[error("agent {agent}: a host cannot record {kind} events; only policy and custom events")]
+    NotRecordable {
+        /// The agent.
+        agent: SessionId,
+        /// The refused kind's display name.
+        kind: &'static str,
+    },
     /// The creation was cancelled before anything was written.
     #[error("creating agent {agent} was cancelled")]
     Cancelled {

@@ -58,6 +58,12 @@ pub trait Tool: Send + Sync + 'static {
     fn parallel_safe(&self, _arguments: &serde_json::Value) -> bool {
         false
     }
+    /// Whether the tool is mounted now. An unmounted tool is hidden from the model and refused
+    /// like a filtered one; a tool that depends on something registered later (a delegation
+    /// provider, say) mounts and unmounts with it. The default is always mounted.
+    fn available(&self) -> bool {
+        true
+    }
     /// Runs the call. Failures are results (see [`ToolOutput::error`]), never panics.
     fn call(&self, ctx: ToolContext, arguments: serde_json::Value) -> BoxFuture<'_, ToolOutput>;
 }
@@ -178,9 +184,15 @@ impl Toolset {
         allowed && !denied
     }
 
-    /// The tools the model sees, in order.
-    pub fn visible(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+    /// The tools the filter lets through, mounted or not, in order: what an agent may hand on to
+    /// an agent it delegates to, which can then only narrow it.
+    pub fn allowed(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
         self.tools.iter().filter(|t| self.allows(t.name()))
+    }
+
+    /// The tools the model sees, in order: allowed and mounted.
+    pub fn visible(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.allowed().filter(|t| t.available())
     }
 
     /// The schemas of the visible tools, in order.

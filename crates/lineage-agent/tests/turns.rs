@@ -796,3 +796,85 @@ async fn the_system_prompt_carries_the_persona_and_runtime_context() {
         "{system}"
     );
 }
+
+/// A tool that mounts and unmounts with a switch, like a delegation tool with its provider.
+struct Switched {
+    mounted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl lineage_agent::Tool for Switched {
+    fn name(&self) -> &str {
+        "switched"
+    }
+    fn description(&self) -> &str {
+        "a tool that comes and goes"
+    }
+    fn input_schema(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+    fn available(&self) -> bool {
+        self.mounted.load(Ordering::SeqCst)
+    }
+    fn call(
+        &self,
+        _: lineage_agent::ToolContext,
+        _: serde_json::Value,
+    ) -> BoxFuture<'_, ToolOutput> {
+        Box::pin(async { ToolOutput::text("ran") })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unmounted_tool_is_hidden_and_refused_until_it_mounts() {
+    let h = Harness::new([
+        Response::tool_call("c1", "switched", "{}"),
+        Response::text("done"),
+        Response::tool_call("c2", "switched", "{}"),
+        Response::text("done"),
+    ]);
+    let mounted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tool = Arc::new(Switched {
+        mounted: mounted.clone(),
+    });
+    let agent = h.agent_with(spec_with_tools(vec![tool])).await;
+    agent.followup(user("first")).unwrap();
+    agent.when_idle().await;
+    mounted.store(true, Ordering::SeqCst);
+    agent.followup(user("second")).unwrap();
+    agent.when_idle().await;
+    let requests = h.model.requests();
+    assert!(requests[0].tools.is_empty(), "hidden while unmounted");
+    assert_eq!(requests[2].tools.len(), 1, "visible once mounted");
+    let results = tool_results(&agent.events());
+    assert_eq!(results[0].2.as_deref(), Some(TOOL_NOT_AVAILABLE));
+    assert_eq!(
+        (results[1].1.as_str(), results[1].2.as_deref()),
+        ("ran", None)
+    );
+    // The allowed set hands an unmounted tool on all the same.
+    assert_eq!(agent.toolset().allowed().count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_records_policy_and_custom_events_but_not_runtime_events() {
+    let h = Harness::new([]);
+    let agent = h.agent().await;
+    let seq = agent
+        .record(lineage_log::SandboxMode {
+            mode: "read-only".into(),
+            source: lineage_log::PolicySource::Own,
+        })
+        .unwrap();
+    assert_eq!(seq, 0);
+    let refused = agent.record(lineage_log::TurnStart { turn: 1 });
+    assert!(matches!(
+        refused,
+        Err(lineage_agent::AgentError::NotRecordable {
+            kind: "turn/start",
+            ..
+        })
+    ));
+    assert_eq!(kinds(&agent.events()), ["sandbox/mode"]);
+    agent.flush().await.unwrap();
+    assert_stored(&h.store, &agent);
+}

@@ -1,0 +1,283 @@
+//! Child birth: depth, options, the captured policy, the child's tools and prompt, and its first
+//! events (`session/lineage`, `subagent/descriptor`, the delegated policy), written with the seed
+//! in one store operation before the child is published.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lineage_agent::{Agent, AgentOptions, AgentSpec, Agents, CreateAgent, Seed, Tool};
+use lineage_log::{
+    ApprovalPolicy, Digest, EventBody, Header, PolicySource, SandboxMode, SessionId,
+    SessionLineage, SubagentDescriptor, Text, ToolFilter, fold_policy, with_log_facts,
+};
+
+use crate::{ChildOptions, DelegatedPolicy, DepthExceeded, ErrorCode, SubagentError};
+
+/// The runtime-context statement every delegated child gets.
+pub const DELEGATION_CONTEXT: &str = "You are a delegated subagent. The permissions you have were \
+fixed when you were started and cannot grow from inside this session: anything that needs an \
+approval is refused automatically. If the task needs more than you are allowed, do not retry the \
+refused operation; say in your answer what you could not do, so the agent that delegated to you \
+can take care of it.";
+
+/// Tools the delegation layer installs in one child for that child alone. A child never inherits
+/// its parent's instance of them (it would act for the parent), only its own.
+pub(crate) const CHILD_SCOPED_TOOLS: [&str; 2] = ["structured_output", "report"];
+
+/// The depth a child of `parent` has: one below the parent's depth floor (the larger of its
+/// stored depth and its runtime option), refused when deeper than `max_depth`.
+pub fn child_depth(parent: &Agent, max_depth: Option<u32>) -> Result<u32, SubagentError> {
+    let attempted = parent.delegation_depth().checked_add(1).ok_or_else(|| {
+        SubagentError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "subagent of {}: the child depth is out of range",
+                parent.id()
+            ),
+        )
+    })?;
+    match max_depth {
+        Some(max) if attempted > max => Err(DepthExceeded { attempted, max }.into()),
+        _ => Ok(attempted),
+    }
+}
+
+/// The child's options: the parent's provider, model and token limit unless the request sets
+/// them, and always the child's depth.
+pub fn child_options(parent: &AgentOptions, requested: &ChildOptions, depth: u32) -> AgentOptions {
+    AgentOptions {
+        provider: requested
+            .provider
+            .clone()
+            .or_else(|| parent.provider.clone()),
+        model: requested.model.clone().or_else(|| parent.model.clone()),
+        max_tokens: requested.max_tokens.or(parent.max_tokens),
+        subagent_depth: depth,
+    }
+}
+
+/// The policy `parent` fixes on a child now: its explicit sandbox override (the last
+/// `sandbox/mode` of its own suffix, whoever set it) and approvals pinned to `never`.
+pub fn capture_policy(parent: &Agent) -> DelegatedPolicy {
+    let sandbox = parent.with_events(|events| fold_policy(events).sandbox.map(|m| m.mode.clone()));
+    DelegatedPolicy {
+        sandbox,
+        approval: ApprovalPolicy::NEVER.into(),
+    }
+}
+
+/// The events that pin `policy` on a child, sandbox first, both marked as the delegation's.
+pub(crate) fn policy_events(policy: &DelegatedPolicy) -> Vec<EventBody> {
+    let mut events = Vec::with_capacity(2);
+    if let Some(mode) = &policy.sandbox {
+        events.push(
+            SandboxMode {
+                mode: mode.clone(),
+                source: PolicySource::Delegation,
+            }
+            .into(),
+        );
+    }
+    events.push(
+        ApprovalPolicy {
+            policy: policy.approval.clone(),
+            source: PolicySource::Delegation,
+        }
+        .into(),
+    );
+    events
+}
+
+/// What a child runs with: the parent's tools as the parent's filter allows them (so a child
+/// never sees more than its parent) plus `own` tools that only this child has, narrowed by the
+/// child's `filter`; the child's persona; the delegation statement and `context`.
+///
+/// `own` tools stay visible whatever the filter says: they are how the child reports back.
+pub fn child_spec(
+    parent: &Agent,
+    options: AgentOptions,
+    persona: Option<Text>,
+    filter: Option<ToolFilter>,
+    own: Vec<Arc<dyn Tool>>,
+    context: Vec<Text>,
+) -> AgentSpec {
+    let parent_tools = parent.toolset();
+    let mut tools: Vec<Arc<dyn Tool>> = parent_tools
+        .allowed()
+        .filter(|t| !CHILD_SCOPED_TOOLS.contains(&t.name()))
+        .filter(|t| !own.iter().any(|o| o.name() == t.name()))
+        .cloned()
+        .collect();
+    let own_names: Vec<Text> = own.iter().map(|t| Text::from(t.name())).collect();
+    tools.extend(own);
+    let tool_filter = filter.map(|f| ToolFilter {
+        allow: f.allow.map(|mut allow| {
+            allow.extend(own_names.iter().cloned());
+            allow
+        }),
+        deny: f.deny.map(|deny| {
+            deny.into_iter()
+                .filter(|n| !own_names.contains(n))
+                .collect()
+        }),
+    });
+    let mut statements = vec![Text::from(DELEGATION_CONTEXT)];
+    statements.extend(context);
+    AgentSpec {
+        options,
+        tools,
+        tool_filter,
+        persona,
+        context: statements,
+        ..AgentSpec::default()
+    }
+}
+
+/// Everything that decides a child, fixed before it is created.
+pub(crate) struct ChildPlan {
+    pub child: SessionId,
+    pub depth: u32,
+    /// Fork the parent through this `turn/end`; `None` starts fresh.
+    pub fork_at: Option<u64>,
+    pub descriptor: SubagentDescriptor,
+    pub policy: DelegatedPolicy,
+    pub spec: AgentSpec,
+}
+
+/// Refuses a parent that is not the exact live agent of `agents`, or is being disposed.
+pub(crate) fn check_parent(agents: &Agents, parent: &Arc<Agent>) -> Result<(), SubagentError> {
+    if !agents.is_live(parent) || parent.is_disposing() {
+        return Err(SubagentError::new(
+            ErrorCode::ParentUnavailable,
+            format!(
+                "agent {} is not a live agent and cannot delegate",
+                parent.id()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the child: its seed (a fork of the parent's completed turns, or nothing), then
+/// `session/lineage`, `subagent/descriptor` and the delegated policy, in one store operation,
+/// before it is published. A refusal leaves no agent and no stored session.
+pub(crate) async fn create_child(
+    agents: &Agents,
+    parent: &Arc<Agent>,
+    plan: ChildPlan,
+) -> Result<Arc<Agent>, SubagentError> {
+    let ChildPlan {
+        child,
+        depth,
+        fork_at,
+        descriptor,
+        policy,
+        spec,
+    } = plan;
+    let mut setup: Vec<EventBody> = vec![descriptor.into()];
+    setup.extend(policy_events(&policy));
+    let base = Header {
+        cwd: parent.header().cwd.clone(),
+        agent_preset: parent.header().agent_preset.clone(),
+        ..Header::new(child, now_ms())
+    };
+    let create = match fork_at {
+        Some(boundary) => {
+            // The store forks what it holds: make sure it holds the prefix.
+            parent
+                .flush()
+                .await
+                .map_err(|e| SubagentError::agent(parent.id(), e))?;
+            CreateAgent {
+                header: base,
+                seed: Seed::Fork {
+                    parent: parent.id(),
+                    boundary: Some(boundary),
+                    delegation_depth: depth,
+                },
+                setup,
+                spec,
+            }
+        }
+        None => {
+            let lineage = SessionLineage {
+                parent: parent.id(),
+                seed_len: 0,
+                seed_digest: Digest::of_empty(),
+                delegation_depth: depth,
+            };
+            let header = with_log_facts(&base, Some(&lineage), true);
+            setup.insert(0, lineage.into());
+            CreateAgent {
+                header,
+                seed: Seed::Fresh,
+                setup,
+                spec,
+            }
+        }
+    };
+    agents
+        .create(create)
+        .await
+        .map_err(|e| SubagentError::agent(child, e))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_options_inherit_unless_overridden_and_always_carry_the_depth() {
+        let parent = AgentOptions {
+            provider: Some("p".into()),
+            model: Some("big".into()),
+            max_tokens: Some(100),
+            subagent_depth: 0,
+        };
+        let inherited = child_options(&parent, &ChildOptions::default(), 1);
+        assert_eq!(
+            inherited,
+            AgentOptions {
+                subagent_depth: 1,
+                ..parent.clone()
+            }
+        );
+        let overridden = child_options(
+            &parent,
+            &ChildOptions {
+                model: Some("small".into()),
+                max_tokens: Some(50),
+                ..ChildOptions::default()
+            },
+            2,
+        );
+        assert_eq!(overridden.provider.as_deref(), Some("p"));
+        assert_eq!(overridden.model.as_deref(), Some("small"));
+        assert_eq!(overridden.max_tokens, Some(50));
+        assert_eq!(overridden.subagent_depth, 2);
+    }
+
+    #[test]
+    fn the_policy_events_put_the_sandbox_before_the_approval() {
+        let policy = DelegatedPolicy {
+            sandbox: Some("read-only".into()),
+            approval: "never".into(),
+        };
+        let kinds: Vec<_> = policy_events(&policy)
+            .iter()
+            .map(|e| e.kind().name())
+            .collect();
+        assert_eq!(kinds, ["sandbox/mode", "approval/policy"]);
+        let unswitched = DelegatedPolicy {
+            sandbox: None,
+            approval: "never".into(),
+        };
+        assert_eq!(policy_events(&unswitched).len(), 1);
+    }
+}

@@ -1,0 +1,47 @@
+//! Lineage delegation: a parent agent hands work to children that named providers create.
+//!
+//! [`SubagentRuntime`] holds the providers and validates every start in a fixed order before a
+//! child exists. [`SpawnProvider`] starts a fresh child; [`ForkProvider`] seeds it with the
+//! parent's completed turns, never the turn in flight. A child's first own events are its
+//! `session/lineage`, its `subagent/descriptor` and the policy its parent fixed (approvals pinned
+//! to `never`, the parent's sandbox override), written with its seed in one store operation, so
+//! its depth, policy and descriptor can always be folded from its own log.
+//!
+//! A one-shot run ([`SubagentRun`]) resolves with a [`SubagentResult`] for every way the child
+//! can end; only infrastructure faults are errors. The model delegates through
+//! [`tools::SubagentTool`].
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod birth;
+mod driver;
+mod error;
+mod lifecycle;
+mod provider;
+mod providers;
+mod runtime;
+pub mod schema;
+mod structured;
+pub mod tools;
+
+use std::sync::{Mutex, MutexGuard};
+
+pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
+pub use driver::start_in_process;
+pub use error::{DepthExceeded, ErrorCode, SubagentError};
+pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
+pub use provider::{
+    Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,
+    MAX_DIAGNOSTIC_BYTES, PrepareContinuable, Provider, ResolvedStart, StartRequest, StopReason,
+    SubagentResult, SubagentRun, bound_diagnostic,
+};
+pub use providers::{ForkProvider, SpawnProvider};
+pub use runtime::{ListenerId, SubagentRuntime};
+pub use structured::{ALREADY_RECORDED, STRUCTURED_OUTPUT};
+
+/// Locks `m`, ignoring poisoning: every critical section here leaves its data consistent
+/// before anything that could panic.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

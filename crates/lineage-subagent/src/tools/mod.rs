@@ -1,0 +1,5 @@
+//! The model-facing tools of delegation.
+
+mod subagent;
+
+pub use subagent::{MaxDepth, SubagentTool, SubagentToolConfig};

@@ -1,0 +1,300 @@
+//! The `subagent` tool: how a model delegates. One instance per configuration, bound to one
+//! provider by name; it mounts while that provider is registered.
+
+use std::sync::Arc;
+
+use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput};
+use lineage_log::{Text, ToolFilter};
+use serde_json::{Value, json};
+
+use crate::runtime::Mount;
+use crate::{
+    ChildOptions, ErrorCode, Provider, StartRequest, StopReason, SubagentError, SubagentResult,
+    SubagentRuntime,
+};
+
+/// How deep the children this tool starts may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxDepth {
+    /// At most this absolute delegation depth; `0` forbids delegating at all.
+    Limit(u32),
+    /// No limit from the tool: the provider manages its own recursion budget.
+    ProviderManaged,
+}
+
+impl Default for MaxDepth {
+    fn default() -> Self {
+        MaxDepth::Limit(3)
+    }
+}
+
+/// How a `subagent` tool is set up.
+#[derive(Clone, Debug)]
+pub struct SubagentToolConfig {
+    /// The provider it delegates to.
+    pub provider: String,
+    /// The name the model calls it by (default `subagent`).
+    pub tool_name: String,
+    /// Model options for the children.
+    pub agent_options: ChildOptions,
+    /// A persona for the children.
+    pub persona: Option<Text>,
+    /// Which tools the children may use.
+    pub tool_filter: Option<ToolFilter>,
+    /// How deep the children may be (default 3).
+    pub max_depth: MaxDepth,
+}
+
+impl SubagentToolConfig {
+    /// A tool named `subagent` delegating to `provider`, with the defaults.
+    pub fn new(provider: impl Into<String>) -> Self {
+        SubagentToolConfig {
+            provider: provider.into(),
+            tool_name: "subagent".into(),
+            agent_options: ChildOptions::default(),
+            persona: None,
+            tool_filter: None,
+            max_depth: MaxDepth::default(),
+        }
+    }
+}
+
+/// The `subagent` tool.
+pub struct SubagentTool {
+    runtime: SubagentRuntime,
+    config: SubagentToolConfig,
+    /// The description for a spawn-like provider, then for a fork-like one.
+    descriptions: [String; 2],
+}
+
+impl std::fmt::Debug for SubagentTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubagentTool")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+const SPAWN_DESCRIPTION: &str = "Hands a self-contained task to a subagent: a separate agent with \
+its own context, so focused work (research, a scoped change, an analysis) does not fill this \
+conversation. You get its result, not its intermediate steps. It cannot see this conversation, so \
+the prompt must say everything it needs to know.";
+
+const FORK_DESCRIPTION: &str = "Hands a task to a subagent that starts from this conversation: it \
+sees every completed turn so far, but not the turn in progress. Use it for work that builds on \
+what has been said (a follow-up analysis, a review, a continuation) without spending this \
+conversation's context on it. You get its result, not its intermediate steps.";
+
+const WAITS: &str = " The call waits for the subagent and returns its result.";
+
+const SPAWN_PROMPT: &str = "The whole task for the subagent. It does not see this conversation, \
+so include everything it needs.";
+
+const FORK_PROMPT: &str = "The task for the subagent. It already sees this conversation's \
+completed turns, so build on them and say only what is new.";
+
+const LABEL: &str = "A short description of the task (three to five words), shown to people.";
+
+impl SubagentTool {
+    /// A tool over `runtime` set up by `config`. Refused when its tool filter names neither
+    /// allowed nor denied tools, or when its provider is already registered and cannot work
+    /// with it; while it lives, registering a provider it cannot work with is refused too.
+    pub fn new(
+        runtime: &SubagentRuntime,
+        config: SubagentToolConfig,
+    ) -> Result<Arc<Self>, SubagentError> {
+        if let Some(filter) = &config.tool_filter
+            && filter.allow.is_none()
+            && filter.deny.is_none()
+        {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "the {:?} tool's tool filter names neither allowed nor denied tools; \
+                     remove it or fill it in",
+                    config.tool_name
+                ),
+            ));
+        }
+        let tool = Arc::new(SubagentTool {
+            runtime: runtime.clone(),
+            descriptions: [
+                format!("{SPAWN_DESCRIPTION}{WAITS}"),
+                format!("{FORK_DESCRIPTION}{WAITS}"),
+            ],
+            config,
+        });
+        if let Some(provider) = runtime.provider(&tool.config.provider) {
+            tool.check(provider.as_ref())?;
+        } else {
+            tracing::info!(
+                provider = %tool.config.provider,
+                tool = %tool.config.tool_name,
+                "the delegation tool will mount when its provider is registered"
+            );
+        }
+        let mount: Arc<dyn Mount> = tool.clone();
+        runtime.add_mount(Arc::downgrade(&mount));
+        Ok(tool)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SubagentToolConfig {
+        &self.config
+    }
+
+    fn inherits(&self) -> bool {
+        self.runtime
+            .provider(&self.config.provider)
+            .is_some_and(|p| p.inherits_parent_context())
+    }
+
+    fn request(&self, ctx: &ToolContext, label: &str, prompt: &str) -> StartRequest {
+        StartRequest {
+            label: Some(label.into()),
+            cancel: ctx.cancel.clone(),
+            agent_options: self.config.agent_options.clone(),
+            max_depth: match self.config.max_depth {
+                MaxDepth::Limit(n) => Some(n),
+                MaxDepth::ProviderManaged => None,
+            },
+            tool_filter: self.config.tool_filter.clone(),
+            persona: self.config.persona.clone(),
+            ..StartRequest::new(ctx.agent.clone(), prompt)
+        }
+    }
+
+    async fn foreground(&self, request: StartRequest) -> ToolOutput {
+        let run = match self.runtime.start(&self.config.provider, request).await {
+            Ok(run) => run,
+            Err(error) => return refused(&error),
+        };
+        let result = run.result().await;
+        let disposed = run.dispose().await;
+        match (result, disposed) {
+            (Ok(result), Ok(())) => render(&result),
+            (Err(result), Err(dispose)) => refused(&SubagentError::new(
+                result.code(),
+                format!("subagent run failed: {result}; dispose failed: {dispose}"),
+            )),
+            (Err(error), Ok(())) | (Ok(_), Err(error)) => refused(&error),
+        }
+    }
+}
+
+/// A refusal or infrastructure failure, as the model reads it.
+fn refused(error: &SubagentError) -> ToolOutput {
+    ToolOutput::error("SubagentError", error.code().as_str(), error.to_string())
+}
+
+/// A finished run, as the model reads it: the output when it completed, otherwise why it did
+/// not, its diagnostic and whatever it wrote before it stopped.
+pub(crate) fn render(result: &SubagentResult) -> ToolOutput {
+    let text = result.text();
+    if result.stop_reason.is_success() {
+        return ToolOutput::text(if text.is_empty() {
+            "The subagent finished without a written answer.".to_owned()
+        } else {
+            text
+        });
+    }
+    let mut message = match &result.stop_reason {
+        StopReason::Aborted => "The subagent run was cancelled.".to_owned(),
+        StopReason::Error => "The subagent run failed.".to_owned(),
+        StopReason::MaxTokens => {
+            "The subagent ran out of output tokens before it finished.".to_owned()
+        }
+        StopReason::Refusal => "The subagent declined the task.".to_owned(),
+        other => format!("The subagent run ended abnormally ({other})."),
+    };
+    if let Some(diagnostic) = &result.diagnostic {
+        message.push_str("\nDiagnostic: ");
+        message.push_str(diagnostic);
+    }
+    if !text.is_empty() {
+        message.push_str("\nWhat it wrote before it stopped:\n");
+        message.push_str(&text);
+    }
+    ToolOutput::error("SubagentRunFailed", result.stop_reason.as_str(), message)
+}
+
+impl Mount for SubagentTool {
+    fn provider_name(&self) -> &str {
+        &self.config.provider
+    }
+
+    fn check(&self, provider: &dyn Provider) -> Result<(), SubagentError> {
+        if matches!(self.config.max_depth, MaxDepth::Limit(_))
+            && !provider.capabilities().depth_limit
+        {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!(
+                    "the {:?} tool: provider {:?} cannot enforce a maximum depth (no depth_limit \
+                     capability); configure MaxDepth::ProviderManaged to leave depth to the \
+                     provider",
+                    self.config.tool_name,
+                    provider.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Tool for SubagentTool {
+    fn name(&self) -> &str {
+        &self.config.tool_name
+    }
+
+    fn description(&self) -> &str {
+        &self.descriptions[usize::from(self.inherits())]
+    }
+
+    fn input_schema(&self) -> Value {
+        let prompt = if self.inherits() {
+            FORK_PROMPT
+        } else {
+            SPAWN_PROMPT
+        };
+        json!({
+            "type": "object",
+            "properties": {
+                "description": {"type": "string", "description": LABEL},
+                "prompt": {"type": "string", "description": prompt},
+            },
+            "required": ["description", "prompt"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn parallel_safe(&self, _: &Value) -> bool {
+        true
+    }
+
+    fn available(&self) -> bool {
+        self.runtime
+            .provider(&self.config.provider)
+            .is_some_and(|p| self.check(p.as_ref()).is_ok())
+    }
+
+    fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
+        Box::pin(async move {
+            let text = |key: &str| {
+                arguments
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.trim().is_empty())
+            };
+            let (Some(label), Some(prompt)) = (text("description"), text("prompt")) else {
+                return ToolOutput::error(
+                    "SubagentError",
+                    INVALID_ARGUMENTS,
+                    "both `description` and `prompt` must be non-empty strings",
+                );
+            };
+            let request = self.request(&ctx, label, prompt);
+            self.foreground(request).await
+        })
+    }
+}

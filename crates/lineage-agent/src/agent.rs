@@ -257,6 +257,12 @@ impl Agent {
             .collect()
     }
 
+    /// Whether the message `id` is pending in either list: accepted, not yet claimed or
+    /// discarded.
+    pub fn is_pending(&self, id: MessageId) -> bool {
+        lock(&self.state).inbox.position(id).is_some()
+    }
+
     /// Whether anything is pending in the inbox.
     pub fn has_pending(&self) -> bool {
         lock(&self.state).inbox.has_pending()

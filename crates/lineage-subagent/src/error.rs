@@ -30,6 +30,18 @@ pub enum ErrorCode {
     Cancelled,
     /// The agent runtime or the store failed underneath the delegation.
     AgentFailure,
+    /// Admission is closed: the runtime, or the part of the tree the caller is in, is draining.
+    Draining,
+    /// The caller lacks the authority: not the exact live parent or ancestor, not a live
+    /// continuable child, or not related to the target.
+    Unauthorized,
+    /// The child's activation (or its parent's) is being torn down.
+    ActivationClosing,
+    /// The child cannot be resumed: it cannot be read, or it is not a continuable child. Do not
+    /// retry with the same id.
+    NotResumable,
+    /// Tearing down one or more activations failed (each failure is named in the message).
+    ActivationTeardownFailed,
 }
 
 impl ErrorCode {
@@ -45,6 +57,11 @@ impl ErrorCode {
             ErrorCode::ParentUnavailable => "PARENT_UNAVAILABLE",
             ErrorCode::Cancelled => "CANCELLED",
             ErrorCode::AgentFailure => "AGENT_FAILURE",
+            ErrorCode::Draining => "DRAINING",
+            ErrorCode::Unauthorized => "UNAUTHORIZED",
+            ErrorCode::ActivationClosing => "ACTIVATION_CLOSING",
+            ErrorCode::NotResumable => "NOT_RESUMABLE",
+            ErrorCode::ActivationTeardownFailed => "ACTIVATION_TEARDOWN_FAILED",
         }
     }
 }

@@ -15,22 +15,27 @@
 #![warn(missing_docs)]
 
 mod birth;
+mod continuation;
 mod driver;
 mod error;
 mod lifecycle;
+mod listing;
 mod provider;
 mod providers;
 mod runtime;
 pub mod schema;
+mod setup;
 mod structured;
 pub mod tools;
 
 use std::sync::{Mutex, MutexGuard};
 
 pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
+pub use continuation::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
 pub use driver::start_in_process;
 pub use error::{DepthExceeded, ErrorCode, SubagentError};
 pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
+pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
 pub use provider::{
     Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,
     MAX_DIAGNOSTIC_BYTES, PrepareContinuable, Provider, ResolvedStart, StartRequest, StopReason,
@@ -38,6 +43,7 @@ pub use provider::{
 };
 pub use providers::{ForkProvider, SpawnProvider};
 pub use runtime::{ListenerId, SubagentRuntime};
+pub use setup::{ContinuableSetup, Installed, SetupId};
 pub use structured::{ALREADY_RECORDED, STRUCTURED_OUTPUT};
 
 /// Locks `m`, ignoring poisoning: every critical section here leaves its data consistent

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, Weak};
 use lineage_agent::Agents;
 use lineage_log::{DescriptorMode, RunId, SubagentDescriptor};
 
+use crate::continuation::Continuation;
 use crate::lifecycle::{self, Lifecycle, Listener, ListenerError, RunInfo};
+use crate::setup::Setups;
 use crate::{
     Capability, ErrorCode, Provider, ResolvedStart, StartRequest, StopReason, SubagentError,
     SubagentRun, birth, lock, schema,
@@ -28,6 +30,8 @@ pub struct ListenerId(u64);
 
 struct Inner {
     agents: Agents,
+    continuation: Continuation,
+    setups: Setups,
     /// In registration order.
     providers: Mutex<Vec<Arc<dyn Provider>>>,
     listeners: Mutex<Vec<(ListenerId, Listener)>>,
@@ -56,6 +60,8 @@ impl SubagentRuntime {
         SubagentRuntime {
             inner: Arc::new(Inner {
                 agents,
+                continuation: Continuation::default(),
+                setups: Setups::default(),
                 providers: Mutex::new(Vec::new()),
                 listeners: Mutex::new(Vec::new()),
                 next_listener: AtomicU64::new(0),
@@ -67,6 +73,14 @@ impl SubagentRuntime {
     /// The registry parents and children live in.
     pub fn agents(&self) -> &Agents {
         &self.inner.agents
+    }
+
+    pub(crate) fn continuation(&self) -> &Continuation {
+        &self.inner.continuation
+    }
+
+    pub(crate) fn setups(&self) -> &Setups {
+        &self.inner.setups
     }
 
     /// Registers `provider`. Refused when its name is taken (`DUPLICATE_PROVIDER`) or when a

@@ -8,9 +8,10 @@ use lineage_log::{Text, ToolFilter};
 use serde_json::{Value, json};
 
 use crate::runtime::Mount;
+use crate::tools::control::refused;
 use crate::{
-    ChildOptions, ErrorCode, Provider, StartRequest, StopReason, SubagentError, SubagentResult,
-    SubagentRuntime,
+    ChildOptions, ContinuableRequest, ErrorCode, Provider, StartRequest, StopReason, SubagentError,
+    SubagentResult, SubagentRuntime,
 };
 
 /// How deep the children this tool starts may be.
@@ -28,6 +29,17 @@ impl Default for MaxDepth {
     }
 }
 
+/// What a delegation runs as when it goes to the background.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackgroundMode {
+    /// No background runs: every call waits for a one-shot child.
+    #[default]
+    OneShot,
+    /// A continuable child, by default: the call returns its durable id at once, the runtime
+    /// tells the parent when it settles, and `send_message` continues it.
+    Continuable,
+}
+
 /// How a `subagent` tool is set up.
 #[derive(Clone, Debug)]
 pub struct SubagentToolConfig {
@@ -35,6 +47,11 @@ pub struct SubagentToolConfig {
     pub provider: String,
     /// The name the model calls it by (default `subagent`).
     pub tool_name: String,
+    /// What background runs are (default one-shot: none).
+    pub background: BackgroundMode,
+    /// Whether the model may choose with `run_in_background` (default true; only offered in
+    /// continuable mode).
+    pub run_in_background: bool,
     /// Model options for the children.
     pub agent_options: ChildOptions,
     /// A persona for the children.
@@ -51,6 +68,8 @@ impl SubagentToolConfig {
         SubagentToolConfig {
             provider: provider.into(),
             tool_name: "subagent".into(),
+            background: BackgroundMode::OneShot,
+            run_in_background: true,
             agent_options: ChildOptions::default(),
             persona: None,
             tool_filter: None,
@@ -87,6 +106,16 @@ conversation's context on it. You get its result, not its intermediate steps.";
 
 const WAITS: &str = " The call waits for the subagent and returns its result.";
 
+const IN_BACKGROUND: &str = " By default it runs in the background: the call returns a durable \
+subagent id at once and the child's conversation stays available for later turns. When the run \
+settles, the runtime sends you a notice with its outcome and its last message, and `send_message` \
+starts another turn of the same conversation. Start independent delegations together in one \
+message and keep working while they run; set `run_in_background` to false only when your next \
+step needs the result.";
+
+const BACKGROUND_PARAM: &str = "Whether to run in the background and return a durable subagent \
+id at once (the default). Set false to wait for the result when your next step depends on it.";
+
 const SPAWN_PROMPT: &str = "The whole task for the subagent. It does not see this conversation, \
 so include everything it needs.";
 
@@ -116,11 +145,17 @@ impl SubagentTool {
                 ),
             ));
         }
+        let suffix = if config.background == BackgroundMode::Continuable && config.run_in_background
+        {
+            IN_BACKGROUND
+        } else {
+            WAITS
+        };
         let tool = Arc::new(SubagentTool {
             runtime: runtime.clone(),
             descriptions: [
-                format!("{SPAWN_DESCRIPTION}{WAITS}"),
-                format!("{FORK_DESCRIPTION}{WAITS}"),
+                format!("{SPAWN_DESCRIPTION}{suffix}"),
+                format!("{FORK_DESCRIPTION}{suffix}"),
             ],
             config,
         });
@@ -141,6 +176,10 @@ impl SubagentTool {
     /// The configuration.
     pub fn config(&self) -> &SubagentToolConfig {
         &self.config
+    }
+
+    fn offers_background(&self) -> bool {
+        self.config.background == BackgroundMode::Continuable && self.config.run_in_background
     }
 
     fn inherits(&self) -> bool {
@@ -164,6 +203,42 @@ impl SubagentTool {
         }
     }
 
+    async fn background(&self, request: StartRequest) -> ToolOutput {
+        let StartRequest {
+            parent,
+            prompt,
+            label,
+            cancel,
+            agent_options,
+            max_depth,
+            tool_filter,
+            persona,
+            output_schema: _,
+        } = request;
+        let request = ContinuableRequest {
+            parent,
+            prompt,
+            label: label.unwrap_or_default(),
+            child: None,
+            cancel,
+            agent_options,
+            max_depth,
+            tool_filter,
+            persona,
+        };
+        match self
+            .runtime
+            .start_continuable(&self.config.provider, request)
+            .await
+        {
+            Ok(started) => ToolOutput::text(format!(
+                "Started subagent {}. You will get a notice when it settles.",
+                started.child
+            )),
+            Err(error) => refused(&error),
+        }
+    }
+
     async fn foreground(&self, request: StartRequest) -> ToolOutput {
         let run = match self.runtime.start(&self.config.provider, request).await {
             Ok(run) => run,
@@ -180,11 +255,6 @@ impl SubagentTool {
             (Err(error), Ok(())) | (Ok(_), Err(error)) => refused(&error),
         }
     }
-}
-
-/// A refusal or infrastructure failure, as the model reads it.
-fn refused(error: &SubagentError) -> ToolOutput {
-    ToolOutput::error("SubagentError", error.code().as_str(), error.to_string())
 }
 
 /// A finished run, as the model reads it: the output when it completed, otherwise why it did
@@ -238,6 +308,17 @@ impl Mount for SubagentTool {
                 ),
             ));
         }
+        if self.config.background == BackgroundMode::Continuable && provider.continuable().is_none()
+        {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!(
+                    "the {:?} tool: provider {:?} cannot run continuable children",
+                    self.config.tool_name,
+                    provider.name()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -257,7 +338,7 @@ impl Tool for SubagentTool {
         } else {
             SPAWN_PROMPT
         };
-        json!({
+        let mut schema = json!({
             "type": "object",
             "properties": {
                 "description": {"type": "string", "description": LABEL},
@@ -265,7 +346,12 @@ impl Tool for SubagentTool {
             },
             "required": ["description", "prompt"],
             "additionalProperties": false,
-        })
+        });
+        if self.offers_background() {
+            schema["properties"]["run_in_background"] =
+                json!({"type": "boolean", "description": BACKGROUND_PARAM});
+        }
+        schema
     }
 
     fn parallel_safe(&self, _: &Value) -> bool {
@@ -293,8 +379,30 @@ impl Tool for SubagentTool {
                     "both `description` and `prompt` must be non-empty strings",
                 );
             };
+            let background = match arguments.get("run_in_background") {
+                None | Some(Value::Null) => self.config.background == BackgroundMode::Continuable,
+                Some(Value::Bool(wanted)) if self.offers_background() || !wanted => *wanted,
+                Some(Value::Bool(_)) => {
+                    return ToolOutput::error(
+                        "SubagentError",
+                        INVALID_ARGUMENTS,
+                        "this tool does not run subagents in the background",
+                    );
+                }
+                Some(_) => {
+                    return ToolOutput::error(
+                        "SubagentError",
+                        INVALID_ARGUMENTS,
+                        "`run_in_background` must be true or false",
+                    );
+                }
+            };
             let request = self.request(&ctx, label, prompt);
-            self.foreground(request).await
+            if background {
+                self.background(request).await
+            } else {
+                self.foreground(request).await
+            }
         })
     }
 }

@@ -1,0 +1,1471 @@
+//! The continuation manager: continuable children that live on between turns of their parent.
+//!
+//! A child is *resident* while it has an [`Activation`]: at most one per child session, holding
+//! the live agent. Operations on one child (start, each follow-up, each settlement decision) run
+//! one at a time under that child's lock, in the order they asked for it; different children
+//! never wait for each other. A child is
+//!
+//! - *running* while its agent runs or a waking message it accepted is not yet claimed,
+//! - *waiting* while it is quiescent but owns resident children of its own,
+//! - *settled* otherwise, and then it is torn down, children first: cancel, wait, flush, capture
+//!   what the epoch produced, dispose of the agent, forget the activation, send the parent the
+//!   settlement notice, release the parent's ownership, emit `subagent/end`.
+//!
+//! The notice goes out before ownership is released, so a parent waiting on its children can
+//! never be judged settled with a notice still to come. A later follow-up to a settled child
+//! resumes it from its log alone ("cold resume"): its descriptor, depth and policy are folded from
+//! its own events and no provider is consulted.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+
+use lineage_agent::{Agent, AgentEvent, AgentOptions, AgentStatus, Cancellation};
+use lineage_log::{
+    AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
+    Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
+};
+use tokio::sync::{OwnedMutexGuard, watch};
+
+use crate::birth::{self, ChildPlan};
+use crate::driver::{cancelled_before_publication, final_output};
+use crate::lifecycle::{Lifecycle, RunInfo};
+use crate::setup::Installed;
+use crate::{
+    ChildOptions, ContinuableCreate, ErrorCode, StopReason, SubagentError, SubagentRuntime, lock,
+};
+
+type Disposal = watch::Receiver<Option<Result<(), SubagentError>>>;
+
+/// The manager's state, inside the runtime.
+#[derive(Default)]
+pub(crate) struct Continuation {
+    state: Mutex<State>,
+    /// One lock per child with operations in flight (removed when nobody holds or waits on it).
+    locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+#[derive(Default)]
+struct State {
+    activations: HashMap<SessionId, Arc<Activation>>,
+    /// Creations and resumes under way, with the live lineage of their parent, until the
+    /// activation is resident or rolled back.
+    materializations: HashMap<u64, Materialization>,
+    next_materialization: u64,
+    /// Subtrees closed by `drain_descendants`: admission is refused below each root until that
+    /// exact root is no longer live.
+    closing: Vec<ClosingScope>,
+    /// Set by `drain`, never cleared.
+    draining: bool,
+}
+
+struct Materialization {
+    lineage: Vec<Arc<Agent>>,
+    settled: watch::Receiver<bool>,
+}
+
+struct ClosingScope {
+    root: Arc<Agent>,
+    members: Vec<Arc<Agent>>,
+}
+
+/// One residency epoch of a continuable child.
+pub(crate) struct Activation {
+    child: SessionId,
+    /// The durable direct parent.
+    parent_session: SessionId,
+    agent: Arc<Agent>,
+    /// The child and the live lineage of its parent when it became resident: who may interrupt.
+    ancestry: Vec<Weak<Agent>>,
+    /// This epoch's identity in lifecycle events.
+    run: RunInfo,
+    /// Where this epoch's own events start.
+    boundary: usize,
+    st: Mutex<ActivationState>,
+    /// Bumped on every change the settlement watcher must look at.
+    poke: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct ActivationState {
+    /// Resident children this one owns; while any remain, it cannot settle.
+    owned: HashSet<SessionId>,
+    /// Waking messages accepted and not yet claimed or discarded.
+    accepted: HashSet<MessageId>,
+    /// Whether a delivery was ever accepted (the caller was told the child exists).
+    announced: bool,
+    /// Set once teardown begins: the admission cutoff.
+    disposal: Option<Disposal>,
+}
+
+impl Activation {
+    fn poke(&self) {
+        self.poke.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn is_closing(&self) -> bool {
+        lock(&self.st).disposal.is_some()
+    }
+
+    fn in_ancestry(&self, agent: &Arc<Agent>) -> bool {
+        self.ancestry
+            .iter()
+            .any(|w| w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, agent)))
+    }
+
+    fn residency(&self) -> Residency {
+        let mut st = lock(&self.st);
+        st.accepted.retain(|id| self.agent.is_pending(*id));
+        if self.agent.status() == AgentStatus::Running || !st.accepted.is_empty() {
+            Residency::Running
+        } else if !st.owned.is_empty() {
+            Residency::Waiting
+        } else {
+            Residency::Settled
+        }
+    }
+}
+
+/// Where a resident child stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Residency {
+    Running,
+    Waiting,
+    Settled,
+}
+
+/// What a continuable child's epoch ended with, for the notice and `subagent/end`.
+struct Terminal {
+    stop_reason: StopReason,
+    output: Vec<ContentBlock>,
+}
+
+/// A request to start a continuable child.
+#[derive(Clone)]
+pub struct ContinuableRequest {
+    /// The delegating agent: the exact live `Arc`.
+    pub parent: Arc<Agent>,
+    /// The first task.
+    pub prompt: Vec<ContentBlock>,
+    /// A label for people and for `list_agents`.
+    pub label: Text,
+    /// An id the caller reserved for the child; a fresh one when `None`.
+    pub child: Option<SessionId>,
+    /// Covers only the work before the prompt is accepted.
+    pub cancel: Cancellation,
+    /// Model options for the child.
+    pub agent_options: ChildOptions,
+    /// The deepest delegation depth the child may have.
+    pub max_depth: Option<u32>,
+    /// Which of the parent's tools the child may use.
+    pub tool_filter: Option<ToolFilter>,
+    /// A persona for the child.
+    pub persona: Option<Text>,
+}
+
+impl ContinuableRequest {
+    /// A request from `parent` to start a child labelled `label` on `prompt`.
+    pub fn new(parent: Arc<Agent>, label: impl Into<Text>, prompt: impl Into<Text>) -> Self {
+        ContinuableRequest {
+            parent,
+            prompt: vec![ContentBlock::text(prompt)],
+            label: label.into(),
+            child: None,
+            cancel: Cancellation::new(),
+            agent_options: ChildOptions::default(),
+            max_depth: None,
+            tool_filter: None,
+            persona: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ContinuableRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContinuableRequest")
+            .field("parent", &self.parent.id())
+            .field("label", &self.label)
+            .field("child", &self.child)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A continuable child whose first prompt was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContinuableStarted {
+    /// The child's durable id.
+    pub child: SessionId,
+    /// The id of the accepted prompt.
+    pub message: MessageId,
+}
+
+/// Who asks for an interrupt.
+#[derive(Clone, Debug)]
+pub enum Authority {
+    /// The user, on behalf of the durable parent session `parent`: allowed for that parent's
+    /// direct children.
+    User {
+        /// The parent session.
+        parent: SessionId,
+    },
+    /// An agent: allowed for its live descendants, when it is the exact live agent.
+    Ancestor(Arc<Agent>),
+}
+
+/// How a child's report reaches its parent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReportDelivery {
+    /// At the parent's next step, waking it when idle (a steer).
+    #[default]
+    NextStep,
+    /// Into the parent's next step without waking it (an inject).
+    Quiet,
+}
+
+/// Held while an operation on one child runs.
+struct ChildGuard {
+    guard: Option<OwnedMutexGuard<()>>,
+    child: SessionId,
+    runtime: SubagentRuntime,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = lock(&self.runtime.continuation().locks);
+        if locks
+            .get(&self.child)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            locks.remove(&self.child);
+        }
+    }
+}
+
+/// How an activation comes to be.
+enum Materialize {
+    Fresh(Box<FreshChild>),
+    Resume { options: AgentOptions },
+}
+
+/// Everything that decides a new continuable child, fixed when the start is asked for.
+struct FreshChild {
+    depth: u32,
+    fork_at: Option<u64>,
+    descriptor: SubagentDescriptor,
+    policy: crate::DelegatedPolicy,
+    options: AgentOptions,
+}
+
+fn unauthorized(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::Unauthorized, message)
+}
+
+fn teardown_failed(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::ActivationTeardownFailed, message)
+}
+
+impl SubagentRuntime {
+    // ----- admission and authority ---------------------------------------------------------------
+
+    /// `agent`, then its parent, grandparent, ... as long as each is live (exact registry
+    /// entries), stopping at a repeated id.
+    pub(crate) fn live_lineage(&self, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
+        let mut lineage = vec![agent.clone()];
+        let mut seen = HashSet::from([agent.id()]);
+        let mut next = agent.header().parent;
+        while let Some(id) = next {
+            if !seen.insert(id) {
+                break;
+            }
+            match self.agents().get(id) {
+                Some(ancestor) => {
+                    next = ancestor.header().parent;
+                    lineage.push(ancestor);
+                }
+                None => break,
+            }
+        }
+        lineage
+    }
+
+    /// Refuses work for `agent` while the runtime drains or `agent` is inside a closing scope.
+    fn assert_admitting(&self, agent: &Arc<Agent>) -> Result<(), SubagentError> {
+        let mut st = lock(&self.continuation().state);
+        if st.draining {
+            return Err(SubagentError::new(
+                ErrorCode::Draining,
+                "continuable subagents are draining; the operation was not admitted",
+            ));
+        }
+        // A scope stays closed until its exact root is no longer live.
+        st.closing
+            .retain(|scope| self.agents().is_live(&scope.root));
+        if st.closing.is_empty() {
+            return Ok(());
+        }
+        let lineage = self.live_lineage(agent);
+        for scope in &st.closing {
+            let member = scope.members.iter().any(|m| Arc::ptr_eq(m, agent))
+                || lineage.iter().any(|a| Arc::ptr_eq(a, &scope.root));
+            if member {
+                return Err(SubagentError::new(
+                    ErrorCode::Draining,
+                    format!(
+                        "continuable subagents below parent {} are draining; the operation was \
+                         not admitted",
+                        scope.root.id()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a delivery to `child` (whose durable parent is `parent_session`) unless `parent`
+    /// is the exact live agent and that parent.
+    fn authorize_lineage(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        parent_session: Option<SessionId>,
+    ) -> Result<(), SubagentError> {
+        if !self.agents().is_live(parent) {
+            return Err(unauthorized(format!(
+                "subagent {child}: delivery requires the exact live parent agent"
+            )));
+        }
+        if parent_session != Some(parent.id()) {
+            return Err(unauthorized(format!(
+                "subagent {child} belongs to another parent session"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn child_lock(&self, child: SessionId) -> ChildGuard {
+        let mutex = lock(&self.continuation().locks)
+            .entry(child)
+            .or_default()
+            .clone();
+        let guard = mutex.lock_owned().await;
+        ChildGuard {
+            guard: Some(guard),
+            child,
+            runtime: self.clone(),
+        }
+    }
+
+    fn activation(&self, child: SessionId) -> Option<Arc<Activation>> {
+        lock(&self.continuation().state)
+            .activations
+            .get(&child)
+            .cloned()
+    }
+
+    /// Records that `parent` owns `child`, when `parent` is itself resident.
+    fn acquire_ownership(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+    ) -> Result<(), SubagentError> {
+        if let Some(owner) = self.activation(parent.id()) {
+            let mut st = lock(&owner.st);
+            if st.disposal.is_some() {
+                return Err(SubagentError::new(
+                    ErrorCode::ActivationClosing,
+                    format!(
+                        "subagent parent {} is being disposed; the child was not established",
+                        parent.id()
+                    ),
+                ));
+            }
+            st.owned.insert(child);
+        }
+        Ok(())
+    }
+
+    fn release_ownership(&self, child: SessionId) {
+        let activations: Vec<_> = lock(&self.continuation().state)
+            .activations
+            .values()
+            .cloned()
+            .collect();
+        for owner in activations {
+            if lock(&owner.st).owned.remove(&child) {
+                owner.poke();
+            }
+        }
+    }
+
+    fn child_id_available(&self, child: SessionId) -> Result<(), SubagentError> {
+        if self.agents().get(child).is_some() || self.activation(child).is_some() {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateChild,
+                format!("subagent {child} already exists"),
+            ));
+        }
+        Ok(())
+    }
+
+    // ----- starting --------------------------------------------------------------------------------
+
+    /// Starts a continuable child of `request.parent` with the provider `provider` and gives it
+    /// its first prompt. Resolves as soon as the child's inbox has accepted the prompt (before
+    /// its turn starts), with the child's id and the prompt's id.
+    ///
+    /// Checked now, before anything awaits: admission (`DRAINING`), the parent is live
+    /// (`PARENT_UNAVAILABLE`), the id is free (`DUPLICATE_CHILD`), the depth
+    /// (`DEPTH_EXCEEDED`), the tool filter names something (`INVALID_REQUEST`), the provider is
+    /// registered (`NO_PROVIDER`) and can prepare continuable children
+    /// (`UNSUPPORTED_CAPABILITY`). The parent's policy and the fork point are captured now too.
+    /// Every failure before the prompt is accepted leaves no activation, no live child and no
+    /// ownership; the cancellation covers only that part.
+    pub fn start_continuable(
+        &self,
+        provider: &str,
+        request: ContinuableRequest,
+    ) -> impl Future<Output = Result<ContinuableStarted, SubagentError>> + Send + 'static {
+        let prepared = self.prepare_continuable(provider, &request);
+        let runtime = self.clone();
+        async move {
+            let (child, fresh) = prepared?;
+            let parent = request.parent.clone();
+            let _guard = runtime.child_lock(child).await;
+            if request.cancel.is_cancelled() {
+                return Err(cancelled_before_publication(parent.id()));
+            }
+            runtime.assert_admitting(&parent)?;
+            runtime.child_id_available(child)?;
+            if request.child.is_some() {
+                let store = runtime.agents().store().clone();
+                let stored = tokio::task::spawn_blocking(move || store.info(child).is_ok())
+                    .await
+                    .unwrap_or(true);
+                if stored {
+                    return Err(SubagentError::new(
+                        ErrorCode::DuplicateChild,
+                        format!("subagent {child} already exists"),
+                    ));
+                }
+            }
+            let provider_name = fresh.descriptor.provider.clone();
+            let composition = (request.persona.clone(), request.tool_filter.clone());
+            let how = Materialize::Fresh(Box::new(fresh));
+            let activation = runtime
+                .materialize(
+                    &parent,
+                    child,
+                    provider_name,
+                    how,
+                    composition,
+                    &request.cancel,
+                )
+                .await?;
+            let message = runtime
+                .submit_materialized(
+                    &activation,
+                    request.prompt,
+                    MessageSource::User,
+                    &parent,
+                    &request.cancel,
+                )
+                .await?;
+            Ok(ContinuableStarted { child, message })
+        }
+    }
+
+    /// The synchronous part of a continuable start.
+    fn prepare_continuable(
+        &self,
+        provider_name: &str,
+        request: &ContinuableRequest,
+    ) -> Result<(SessionId, FreshChild), SubagentError> {
+        let parent = &request.parent;
+        self.assert_admitting(parent)?;
+        birth::check_parent(self.agents(), parent)?;
+        let child = request.child.unwrap_or_default();
+        self.child_id_available(child)?;
+        let depth = birth::child_depth(parent, request.max_depth)?;
+        if let Some(filter) = &request.tool_filter
+            && filter.allow.is_none()
+            && filter.deny.is_none()
+        {
+            return Err(SubagentError::new(
+                ErrorCode::InvalidRequest,
+                "a continuable child's tool filter must name allowed or denied tools",
+            ));
+        }
+        let options = birth::child_options(parent.options(), &request.agent_options, depth);
+        let descriptor = SubagentDescriptor {
+            label: Some(request.label.clone()),
+            agent_provider: options.provider.clone(),
+            agent_model: options.model.clone(),
+            persona: request.persona.clone(),
+            tool_filter: request.tool_filter.clone(),
+            ..SubagentDescriptor::new(DescriptorMode::Continuable, provider_name)
+        };
+        let policy = birth::capture_policy(parent);
+        let provider = self.expect_provider(provider_name)?;
+        let Some(prepare) = provider.continuable() else {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!(
+                    "subagent provider {provider_name:?} does not support continuable children"
+                ),
+            ));
+        };
+        let spec = prepare.prepare(&ContinuableCreate {
+            child,
+            parent: parent.clone(),
+        })?;
+        Ok((
+            child,
+            FreshChild {
+                depth,
+                fork_at: spec.fork_at,
+                descriptor,
+                policy,
+                options,
+            },
+        ))
+    }
+
+    /// Makes `child` resident: creates or resumes its agent with the setup contributions
+    /// installed, then, once nothing can refuse it any more, publishes the activation, takes the
+    /// parent's ownership, emits `subagent/start` and starts watching for settlement.
+    async fn materialize(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        provider: Text,
+        how: Materialize,
+        (persona, filter): (Option<Text>, Option<ToolFilter>),
+        cancel: &Cancellation,
+    ) -> Result<Arc<Activation>, SubagentError> {
+        self.assert_admitting(parent)?;
+        let lineage = self.live_lineage(parent);
+        let (settled_tx, settled_rx) = watch::channel(false);
+        let ticket = {
+            let mut st = lock(&self.continuation().state);
+            let ticket = st.next_materialization;
+            st.next_materialization += 1;
+            st.materializations.insert(
+                ticket,
+                Materialization {
+                    lineage: lineage.clone(),
+                    settled: settled_rx,
+                },
+            );
+            ticket
+        };
+        let result = self
+            .materialize_tracked(
+                parent, child, provider, how, persona, filter, lineage, cancel,
+            )
+            .await;
+        lock(&self.continuation().state)
+            .materializations
+            .remove(&ticket);
+        settled_tx.send_replace(true);
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn materialize_tracked(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        provider: Text,
+        how: Materialize,
+        persona: Option<Text>,
+        filter: Option<ToolFilter>,
+        lineage: Vec<Arc<Agent>>,
+        cancel: &Cancellation,
+    ) -> Result<Arc<Activation>, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(cancelled_before_publication(parent.id()));
+        }
+        let Installed { tools, context } = self.install_setups(child);
+        let agent = match how {
+            Materialize::Fresh(fresh) => {
+                let FreshChild {
+                    depth,
+                    fork_at,
+                    descriptor,
+                    policy,
+                    options,
+                } = *fresh;
+                let spec = birth::child_spec(parent, options, persona, filter, tools, context);
+                let plan = ChildPlan {
+                    child,
+                    depth,
+                    fork_at,
+                    descriptor,
+                    policy,
+                    spec,
+                };
+                birth::create_child(self.agents(), parent, plan).await?
+            }
+            Materialize::Resume { options } => {
+                let spec = birth::child_spec(parent, options, persona, filter, tools, context);
+                self.agents().resume(child, spec).await.map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::NotResumable,
+                        format!("subagent {child} is unavailable"),
+                    )
+                    .with_source(e)
+                })?
+            }
+        };
+        let mut ancestry = vec![Arc::downgrade(&agent)];
+        ancestry.extend(lineage.iter().map(Arc::downgrade));
+        let activation = Arc::new(Activation {
+            child,
+            parent_session: parent.id(),
+            run: RunInfo {
+                run: RunId::new(),
+                provider,
+                child,
+                parent: parent.id(),
+                local: true,
+            },
+            boundary: agent.with_events(|events| events.len()),
+            agent,
+            ancestry,
+            st: Mutex::new(ActivationState::default()),
+            poke: watch::Sender::new(0),
+        });
+        lock(&self.continuation().state)
+            .activations
+            .insert(child, activation.clone());
+        let published = if cancel.is_cancelled() {
+            Err(cancelled_before_publication(parent.id()))
+        } else {
+            self.assert_admitting(parent)
+                .and_then(|()| self.acquire_ownership(parent, child))
+        };
+        if let Err(error) = published {
+            self.rollback_unpublished(&activation).await;
+            return Err(error);
+        }
+        // Every status change, claim and discard is a reason to look at residency again.
+        let mut events = activation.agent.subscribe();
+        let watched = Arc::downgrade(&activation);
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if matches!(
+                    event,
+                    AgentEvent::Status { .. }
+                        | AgentEvent::InboxClaimed { .. }
+                        | AgentEvent::InboxDiscarded { .. }
+                ) {
+                    match watched.upgrade() {
+                        Some(activation) => activation.poke(),
+                        None => break,
+                    }
+                }
+            }
+        });
+        self.emit(&Lifecycle::Start(activation.run.clone()));
+        tokio::spawn(self.clone().watch_settlement(activation.clone()));
+        Ok(activation)
+    }
+
+    /// Undoes a materialization that could not be published: no notice, no lifecycle edge.
+    async fn rollback_unpublished(&self, activation: &Arc<Activation>) {
+        let (tx, rx) = watch::channel(Some(Ok(())));
+        lock(&activation.st).disposal = Some(rx);
+        activation.agent.dispose().await;
+        self.forget(activation);
+        self.release_ownership(activation.child);
+        drop(tx);
+    }
+
+    fn forget(&self, activation: &Arc<Activation>) {
+        let mut st = lock(&self.continuation().state);
+        if st
+            .activations
+            .get(&activation.child)
+            .is_some_and(|a| Arc::ptr_eq(a, activation))
+        {
+            st.activations.remove(&activation.child);
+        }
+    }
+
+    // ----- submission --------------------------------------------------------------------------------
+
+    /// Submits to a freshly resident child; if that fails, tears it down (it was never
+    /// announced, so no notice is sent) and reports the failure.
+    async fn submit_materialized(
+        &self,
+        activation: &Arc<Activation>,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        parent: &Arc<Agent>,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        match self.submit_admitted(activation, content, source, parent, cancel) {
+            Ok(id) => Ok(id),
+            Err(error) => {
+                let _ = wait(self.open_disposal(activation)).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The synchronous acceptance of a message by a resident child.
+    fn submit_admitted(
+        &self,
+        activation: &Arc<Activation>,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        parent: &Arc<Agent>,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                format!(
+                    "the message to subagent {} was cancelled before it was accepted",
+                    activation.child
+                ),
+            ));
+        }
+        self.assert_admitting(parent)?;
+        if activation.is_closing() {
+            return Err(SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!(
+                    "subagent {} is being torn down; the message was not accepted",
+                    activation.child
+                ),
+            ));
+        }
+        self.authorize_lineage(parent, activation.child, activation.agent.header().parent)?;
+        self.acquire_ownership(parent, activation.child)?;
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content,
+            source,
+        };
+        let id = message.id;
+        let agent = activation.agent.clone();
+        admit_waking(activation, id, || agent.followup(message))?;
+        lock(&activation.st).announced = true;
+        Ok(id)
+    }
+
+    /// Sends `message` to `parent` with `send`; when `parent` is itself resident, the message
+    /// counts as accepted work so it is not judged settled before claiming it.
+    fn send_waking(
+        &self,
+        parent: &Arc<Agent>,
+        id: MessageId,
+        send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
+    ) -> Result<(), SubagentError> {
+        match self.activation(parent.id()) {
+            Some(owner) if Arc::ptr_eq(&owner.agent, parent) => admit_waking(&owner, id, send),
+            _ => send().map_err(|e| SubagentError::agent(parent.id(), e)),
+        }
+    }
+
+    // ----- follow-ups and cold resume ----------------------------------------------------------------
+
+    /// Delivers `content` to `child` as its next turn, on behalf of its exact live parent
+    /// `parent`. A running child queues it in the same activation; a waiting one is woken in the
+    /// same activation; a child that is not resident is resumed from its log first. Resolves
+    /// once the child's inbox has accepted it; `cancel` covers only the work before that.
+    pub async fn followup(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        self.assert_admitting(parent)?;
+        loop {
+            {
+                let _guard = self.child_lock(child).await;
+                match self.activation(child) {
+                    None => {
+                        return self
+                            .cold_resume(parent, child, content, source, cancel)
+                            .await;
+                    }
+                    Some(activation) => {
+                        let disposal = lock(&activation.st).disposal.clone();
+                        match disposal {
+                            // Lost the race with the final teardown: wait for it, then resume.
+                            Some(disposal) => {
+                                let _ = wait(disposal).await;
+                            }
+                            None => {
+                                return self.submit_admitted(
+                                    &activation,
+                                    content,
+                                    source,
+                                    parent,
+                                    cancel,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            self.assert_admitting(parent)?;
+            if cancel.is_cancelled() {
+                return Err(SubagentError::new(
+                    ErrorCode::Cancelled,
+                    format!("the message to subagent {child} was cancelled before it was accepted"),
+                ));
+            }
+        }
+    }
+
+    /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
+    /// the child's model, persona and tool filter come from its descriptor, its depth and policy
+    /// from its own events.
+    async fn cold_resume(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        let store = self.agents().store().clone();
+        let inspected = tokio::task::spawn_blocking(move || store.inspect(child))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let unavailable = |reason: String| {
+            SubagentError::new(
+                ErrorCode::NotResumable,
+                format!("subagent {child} is unavailable: {reason}"),
+            )
+        };
+        let loaded = inspected.map_err(unavailable)?;
+        if cancel.is_cancelled() {
+            return Err(cancelled_before_publication(parent.id()));
+        }
+        self.assert_admitting(parent)?;
+        self.authorize_lineage(parent, child, loaded.header.parent)?;
+        let descriptor = match fold_descriptor(&loaded.events) {
+            Some(d)
+                if d.mode == DescriptorMode::Continuable
+                    && d.version == SubagentDescriptor::VERSION =>
+            {
+                d.clone()
+            }
+            _ => {
+                return Err(SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!(
+                        "subagent {child} has no continuation state and cannot be resumed; do not \
+                         send it messages again"
+                    ),
+                ));
+            }
+        };
+        let options = AgentOptions {
+            provider: descriptor.agent_provider.clone(),
+            model: descriptor.agent_model.clone(),
+            max_tokens: None,
+            // The stored lineage is the floor; the runtime asks for nothing more.
+            subagent_depth: 0,
+        };
+        let composition = (descriptor.persona.clone(), descriptor.tool_filter.clone());
+        let activation = self
+            .materialize(
+                parent,
+                child,
+                descriptor.provider.clone(),
+                Materialize::Resume { options },
+                composition,
+                cancel,
+            )
+            .await?;
+        self.submit_materialized(&activation, content, source, parent, cancel)
+            .await
+    }
+
+    // ----- interrupt and report ----------------------------------------------------------------------
+
+    /// Cancels the current turn of the resident child `target`, keeping its queued work parked
+    /// until the next waking send; its own children keep running. A target that is not resident
+    /// (unknown, one-shot, settled, being torn down) is an accepted no-op. Refused
+    /// (`UNAUTHORIZED`) for a stale or self-targeting ancestor (before the target is looked up),
+    /// and for a caller that is not the target's parent (user) or live ancestor (agent).
+    pub fn interrupt(&self, target: SessionId, authority: &Authority) -> Result<(), SubagentError> {
+        if let Authority::Ancestor(agent) = authority {
+            if !self.agents().is_live(agent) {
+                return Err(unauthorized(format!(
+                    "interrupting {target} requires the exact live ancestor agent"
+                )));
+            }
+            if agent.id() == target {
+                return Err(unauthorized(format!(
+                    "agent {target} cannot interrupt itself"
+                )));
+            }
+        }
+        let Some(activation) = self.activation(target) else {
+            return Ok(());
+        };
+        let cause = match authority {
+            Authority::User { parent } => {
+                if activation.agent.header().parent != Some(*parent) {
+                    return Err(unauthorized(format!(
+                        "subagent {target} belongs to another parent session"
+                    )));
+                }
+                AbortCause::User
+            }
+            Authority::Ancestor(agent) => {
+                if !activation.in_ancestry(agent) {
+                    return Err(unauthorized(format!(
+                        "subagent {target} is not a live descendant of agent {}",
+                        agent.id()
+                    )));
+                }
+                AbortCause::Parent
+            }
+        };
+        if activation.is_closing() {
+            return Ok(());
+        }
+        activation
+            .agent
+            .cancel(cause, true)
+            .map_err(|e| SubagentError::agent(target, e))
+    }
+
+    /// Delivers `content` from the continuable child `child` (the exact live agent of a resident
+    /// activation) to its direct parent, marked as the child's report. Reporting never ends
+    /// the child's turn.
+    pub fn report(
+        &self,
+        child: &Arc<Agent>,
+        content: Vec<ContentBlock>,
+        delivery: ReportDelivery,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                format!("the report of {} was cancelled", child.id()),
+            ));
+        }
+        self.assert_admitting(child)?;
+        let activation = self
+            .activation(child.id())
+            .filter(|a| Arc::ptr_eq(&a.agent, child))
+            .ok_or_else(|| {
+                unauthorized(format!(
+                    "agent {} is not a live continuable subagent and cannot report",
+                    child.id()
+                ))
+            })?;
+        if activation.is_closing() {
+            return Err(SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!(
+                    "subagent {} is being torn down; the report was not delivered",
+                    child.id()
+                ),
+            ));
+        }
+        let parent_unavailable = || {
+            SubagentError::new(
+                ErrorCode::ParentUnavailable,
+                format!(
+                    "the direct parent of {} is not live; the report was not delivered",
+                    child.id()
+                ),
+            )
+        };
+        let parent = child
+            .header()
+            .parent
+            .and_then(|p| self.agents().get(p))
+            .ok_or_else(parent_unavailable)?;
+        let mut blocks = vec![ContentBlock::text(format!(
+            "Background subagent {} reports:",
+            child.id()
+        ))];
+        blocks.extend(content);
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content: blocks,
+            source: MessageSource::SubagentReport { sender: child.id() },
+        };
+        let id = message.id;
+        let sent = match delivery {
+            ReportDelivery::NextStep => {
+                let recipient = parent.clone();
+                self.send_waking(&parent, id, move || recipient.steer(message))
+            }
+            ReportDelivery::Quiet => parent
+                .inject(message)
+                .map_err(|e| SubagentError::agent(parent.id(), e)),
+        };
+        sent.map_err(|e| parent_unavailable().with_source(e))?;
+        Ok(id)
+    }
+
+    // ----- settlement and teardown --------------------------------------------------------------------
+
+    /// Waits until the activation settles, then tears it down.
+    async fn watch_settlement(self, activation: Arc<Activation>) {
+        let mut poked = activation.poke.subscribe();
+        loop {
+            poked.borrow_and_update();
+            if activation.is_closing() {
+                return;
+            }
+            tokio::select! {
+                () = activation.agent.when_idle() => {}
+                _ = poked.changed() => {}
+            }
+            let disposal = {
+                let _guard = self.child_lock(activation.child).await;
+                if activation.is_closing() {
+                    return;
+                }
+                match activation.residency() {
+                    Residency::Settled => Some(self.open_disposal(&activation)),
+                    Residency::Running | Residency::Waiting => None,
+                }
+            };
+            match disposal {
+                Some(disposal) => {
+                    if let Err(error) = wait(disposal).await {
+                        tracing::warn!(child = %activation.child, %error, "activation teardown failed");
+                    }
+                    return;
+                }
+                None => {
+                    if activation.agent.status() != AgentStatus::Running {
+                        let _ = poked.changed().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens the teardown of `activation` (once; later calls share it): the admission cutoff
+    /// and the cancellations happen now, children first in one synchronous span; the rest runs
+    /// on its own task.
+    fn open_disposal(&self, activation: &Arc<Activation>) -> Disposal {
+        let (tx, rx) = {
+            let mut st = lock(&activation.st);
+            if let Some(disposal) = &st.disposal {
+                return disposal.clone();
+            }
+            let (tx, rx) = watch::channel(None);
+            st.disposal = Some(rx.clone());
+            (tx, rx)
+        };
+        activation.poke();
+        if let Err(error) = activation.agent.cancel(AbortCause::Parent, false) {
+            tracing::warn!(child = %activation.child, %error, "cancelling the child failed");
+        }
+        let owned: Vec<SessionId> = lock(&activation.st).owned.iter().copied().collect();
+        let children: Vec<(SessionId, Disposal)> = owned
+            .into_iter()
+            .filter_map(|id| self.activation(id).map(|a| (id, self.open_disposal(&a))))
+            .collect();
+        let runtime = self.clone();
+        let activation = activation.clone();
+        tokio::spawn(async move {
+            let outcome = runtime.finish_disposal(&activation, children).await;
+            tx.send_replace(Some(outcome));
+        });
+        rx
+    }
+
+    async fn finish_disposal(
+        &self,
+        activation: &Arc<Activation>,
+        children: Vec<(SessionId, Disposal)>,
+    ) -> Result<(), SubagentError> {
+        let id = activation.child;
+        let mut failures = Vec::new();
+        let mut child_failures = Vec::new();
+        for (_, disposal) in children {
+            if let Err(error) = wait(disposal).await {
+                child_failures.push(error.to_string());
+            }
+        }
+        if !child_failures.is_empty() {
+            failures.push(format!(
+                "subagent {id}: child teardown failed: {}",
+                child_failures.join("; ")
+            ));
+        }
+        activation.agent.when_idle().await;
+        if let Err(error) = activation.agent.flush().await {
+            tracing::warn!(child = %id, %error, "the final flush of a settled child failed; its stored state may be stale on resume");
+        }
+        let terminal = activation.agent.with_events(|events| {
+            let own = &events[activation.boundary.min(events.len())..];
+            Terminal {
+                stop_reason: epoch_stop_reason(own),
+                output: final_output(own),
+            }
+        });
+        activation.agent.dispose().await;
+        let failure = match failures.len() {
+            0 => None,
+            1 => Some(teardown_failed(failures.remove(0))),
+            n => Some(teardown_failed(format!(
+                "subagent {id}: teardown failed at {n} points: {}",
+                failures.join("; ")
+            ))),
+        };
+        self.forget(activation);
+        let terminal = match failure {
+            Some(_) => Terminal {
+                stop_reason: StopReason::Error,
+                output: Vec::new(),
+            },
+            None => terminal,
+        };
+        self.notify_settlement(activation, &terminal);
+        self.release_ownership(id);
+        let text = crate::provider::output_text(&terminal.output);
+        self.emit(&Lifecycle::End {
+            info: activation.run.clone(),
+            stop_reason: terminal.stop_reason,
+            last_assistant_message: (!text.is_empty()).then_some(text),
+        });
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Tells the parent that the child settled, with its closing message. Sent only when the
+    /// child was announced and the parent is live; never fails the teardown.
+    fn notify_settlement(&self, activation: &Arc<Activation>, terminal: &Terminal) {
+        if !lock(&activation.st).announced {
+            return;
+        }
+        let Some(parent) = self.agents().get(activation.parent_session) else {
+            return;
+        };
+        let child = activation.child;
+        let summary = settlement_summary(child, &terminal.stop_reason);
+        let mut content = vec![ContentBlock::text(summary.clone())];
+        if terminal.output.is_empty() {
+            content.push(ContentBlock::text("It left no closing message."));
+        } else {
+            content.push(ContentBlock::text("Its closing message:"));
+            content.extend(terminal.output.iter().cloned());
+        }
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content,
+            source: MessageSource::SubagentSettled {
+                sender: child,
+                summary: bound_summary(&summary).into(),
+            },
+        };
+        let id = message.id;
+        let sent = if self.assert_admitting(&parent).is_err() {
+            parent
+                .inject(message)
+                .map_err(|e| SubagentError::agent(parent.id(), e))
+        } else {
+            let recipient = parent.clone();
+            self.send_waking(&parent, id, move || {
+                if recipient.status() == AgentStatus::Idle {
+                    recipient.followup(message)
+                } else {
+                    recipient.steer(message)
+                }
+            })
+        };
+        if let Err(error) = sent {
+            tracing::warn!(%child, parent = %parent.id(), %error, "the settlement notice was not delivered");
+        }
+    }
+
+    // ----- drains --------------------------------------------------------------------------------------
+
+    /// Closes admission for good and tears every resident child down, roots first (each
+    /// tears its own children down first). Creations under way are awaited (they roll back).
+    pub async fn drain(&self) -> Result<(), SubagentError> {
+        let pending = {
+            let mut st = lock(&self.continuation().state);
+            st.draining = true;
+            settled_of(&st.materializations, |_| true)
+        };
+        for mut settled in pending {
+            let _ = settled.wait_for(|s| *s).await;
+        }
+        let roots = self.roots(|_| true);
+        self.dispose_all(roots, "activation(s)").await
+    }
+
+    /// Tears down every resident descendant of the exact live agents `parents`, and keeps
+    /// admission closed below each of them until that agent itself is gone. A parent that is
+    /// not the live agent under its id is ignored; other trees are untouched.
+    pub async fn drain_descendants(&self, parents: &[Arc<Agent>]) -> Result<(), SubagentError> {
+        let roots: Vec<Arc<Agent>> = parents
+            .iter()
+            .filter(|p| self.agents().is_live(p))
+            .cloned()
+            .collect();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let activations: Vec<Arc<Activation>> = lock(&self.continuation().state)
+            .activations
+            .values()
+            .cloned()
+            .collect();
+        let targets: Vec<Arc<Activation>> = activations
+            .into_iter()
+            .filter(|a| {
+                roots
+                    .iter()
+                    .any(|r| !Arc::ptr_eq(&a.agent, r) && a.in_ancestry(r))
+            })
+            .collect();
+        let pending = {
+            let mut st = lock(&self.continuation().state);
+            for root in &roots {
+                let mut members = vec![root.clone()];
+                for target in &targets {
+                    if target.in_ancestry(root) {
+                        members.extend(self.live_lineage(&target.agent));
+                    }
+                }
+                for m in st.materializations.values() {
+                    if m.lineage.iter().any(|a| Arc::ptr_eq(a, root)) {
+                        members.extend(m.lineage.iter().cloned());
+                    }
+                }
+                st.closing.push(ClosingScope {
+                    root: root.clone(),
+                    members,
+                });
+            }
+            settled_of(&st.materializations, |m| {
+                m.lineage
+                    .iter()
+                    .any(|a| roots.iter().any(|r| Arc::ptr_eq(a, r)))
+            })
+        };
+        let disposals: Vec<_> = targets
+            .iter()
+            .map(|t| (t.child, self.open_disposal(t)))
+            .collect();
+        for mut settled in pending {
+            let _ = settled.wait_for(|s| *s).await;
+        }
+        aggregate(disposals, "scoped activation(s)").await
+    }
+
+    /// Tears down the resident direct children `children` of the exact live agent `parent`.
+    /// Ids that are not resident are ignored; an id that is resident but not `parent`'s direct
+    /// child is refused before anything is torn down. Admission stays open.
+    pub async fn drain_children(
+        &self,
+        parent: &Arc<Agent>,
+        children: &[SessionId],
+    ) -> Result<(), SubagentError> {
+        if !self.agents().is_live(parent) {
+            return Err(unauthorized(
+                "a selected child teardown requires the exact live parent agent".into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut targets = Vec::new();
+        for id in children.iter().filter(|id| seen.insert(**id)) {
+            if let Some(activation) = self.activation(*id) {
+                if activation.parent_session != parent.id() || !activation.in_ancestry(parent) {
+                    return Err(unauthorized(format!(
+                        "subagent {id} is not a direct child of agent {}",
+                        parent.id()
+                    )));
+                }
+                targets.push(activation);
+            }
+        }
+        self.dispose_all(targets, "selected activation(s)").await
+    }
+
+    /// Activations no other resident activation owns, among those `keep` selects.
+    fn roots(&self, keep: impl Fn(&Activation) -> bool) -> Vec<Arc<Activation>> {
+        let activations: Vec<Arc<Activation>> = lock(&self.continuation().state)
+            .activations
+            .values()
+            .cloned()
+            .collect();
+        let owned: HashSet<SessionId> = activations
+            .iter()
+            .flat_map(|a| lock(&a.st).owned.iter().copied().collect::<Vec<_>>())
+            .collect();
+        activations
+            .into_iter()
+            .filter(|a| !owned.contains(&a.child) && keep(a))
+            .collect()
+    }
+
+    async fn dispose_all(
+        &self,
+        targets: Vec<Arc<Activation>>,
+        subject: &str,
+    ) -> Result<(), SubagentError> {
+        let disposals = targets
+            .iter()
+            .map(|t| (t.child, self.open_disposal(t)))
+            .collect();
+        aggregate(disposals, subject).await
+    }
+
+    /// Whether `child` has a resident activation (running or waiting).
+    pub fn is_resident(&self, child: SessionId) -> bool {
+        self.activation(child).is_some_and(|a| !a.is_closing())
+    }
+}
+
+/// Counts `id` as accepted waking work of `activation` before `send` runs, so the activation
+/// cannot be judged settled in between; undoes it if `send` fails.
+fn admit_waking(
+    activation: &Arc<Activation>,
+    id: MessageId,
+    send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
+) -> Result<(), SubagentError> {
+    lock(&activation.st).accepted.insert(id);
+    if let Err(error) = send() {
+        lock(&activation.st).accepted.remove(&id);
+        return Err(SubagentError::agent(activation.agent.id(), error));
+    }
+    activation.poke();
+    Ok(())
+}
+
+fn settled_of(
+    materializations: &HashMap<u64, Materialization>,
+    select: impl Fn(&Materialization) -> bool,
+) -> Vec<watch::Receiver<bool>> {
+    materializations
+        .values()
+        .filter(|m| select(m))
+        .map(|m| m.settled.clone())
+        .collect()
+}
+
+/// Waits for a teardown's outcome.
+async fn wait(mut disposal: Disposal) -> Result<(), SubagentError> {
+    match disposal.wait_for(Option::is_some).await.as_deref() {
+        Ok(Some(outcome)) => outcome.clone(),
+        // The sender is dropped without an outcome only if the teardown task panicked.
+        _ => Err(teardown_failed(
+            "an activation teardown stopped without an outcome".into(),
+        )),
+    }
+}
+
+/// Waits for every teardown and reports all failures together.
+async fn aggregate(
+    disposals: Vec<(SessionId, Disposal)>,
+    subject: &str,
+) -> Result<(), SubagentError> {
+    let mut failures = Vec::new();
+    for (_, disposal) in disposals {
+        if let Err(error) = wait(disposal).await {
+            failures.push(error.to_string());
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(teardown_failed(format!(
+            "continuable subagent teardown failed for {} {subject}: {}",
+            failures.len(),
+            failures.join("; ")
+        )))
+    }
+}
+
+/// How an epoch of a continuable child ended, from its own events.
+///
+/// The last turn that did work counts: one that ran a step, or that claimed input and ended
+/// other than `completed`. A discard of pending input that never ran, with no such turn after
+/// it, makes an otherwise complete epoch `aborted`.
+pub(crate) fn epoch_stop_reason(own: &[Event]) -> StopReason {
+    let mut open: Option<(bool, bool)> = None; // (stepped, claimed)
+    let mut end: Option<&TurnEndReason> = None;
+    let mut dropped_unrun = false;
+    for event in own {
+        match &event.body {
+            EventBody::TurnStart(_) => open = Some((false, false)),
+            EventBody::StepStart(_) => {
+                if let Some(turn) = &mut open {
+                    turn.0 = true;
+                }
+            }
+            EventBody::InboxSpliced(splice) if splice.removed > 0 => {
+                if splice.canceled {
+                    dropped_unrun |= splice.inserted.is_empty();
+                } else if let Some(turn) = &mut open {
+                    turn.1 = true;
+                }
+            }
+            EventBody::TurnEnd(turn_end) => {
+                if let Some((stepped, claimed)) = open.take()
+                    && (stepped || (claimed && turn_end.reason != TurnEndReason::Completed))
+                {
+                    end = Some(&turn_end.reason);
+                    dropped_unrun = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    match end {
+        Some(TurnEndReason::MaxTokens) => StopReason::MaxTokens,
+        Some(TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted) => StopReason::Aborted,
+        Some(TurnEndReason::Error(_)) => StopReason::Error,
+        Some(TurnEndReason::Blocked) => StopReason::Refusal,
+        Some(TurnEndReason::Completed) | None if dropped_unrun => StopReason::Aborted,
+        Some(TurnEndReason::Completed) | None => StopReason::Completed,
+    }
+}
+
+/// The first line of a settlement notice.
+pub(crate) fn settlement_summary(child: SessionId, stop: &StopReason) -> String {
+    match stop {
+        StopReason::Completed => format!(
+            "Background subagent {child} finished; it will do nothing more unless you send it \
+             another message."
+        ),
+        StopReason::Aborted => {
+            format!("Background subagent {child} was stopped before it finished.")
+        }
+        StopReason::MaxTokens => {
+            format!("Background subagent {child} ran out of output room before it finished.")
+        }
+        StopReason::Refusal => format!("Background subagent {child} declined the task."),
+        StopReason::Error => format!("Background subagent {child} failed before it finished."),
+        StopReason::Other(reason) => {
+            format!("Background subagent {child} ended abnormally ({reason}) before it finished.")
+        }
+    }
+}
+
+/// `summary` cut to 120 characters, ending in an ellipsis when cut.
+pub(crate) fn bound_summary(summary: &str) -> String {
+    if summary.chars().count() <= 120 {
+        return summary.to_owned();
+    }
+    let mut cut: String = summary.chars().take(119).collect();
+    cut.push('…');
+    cut
+}

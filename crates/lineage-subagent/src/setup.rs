@@ -1,0 +1,122 @@
+//! Setup contributions: capabilities installed into every continuable child at each activation
+//! (this is how `report` gets there), revocable while children are resident.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
+use lineage_log::{SessionId, Text};
+
+use crate::{SubagentRuntime, lock};
+
+/// What a contribution installs in one child.
+#[derive(Default)]
+pub struct Installed {
+    /// Tools only this child has. They stay visible whatever its tool filter says.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Runtime-context statements for its system prompt.
+    pub context: Vec<Text>,
+}
+
+/// A capability every continuable child gets, at creation and at every cold resume.
+pub trait ContinuableSetup: Send + Sync + 'static {
+    /// What to install in the continuable child `child` of `runtime`.
+    fn install(&self, runtime: &SubagentRuntime, child: SessionId) -> Installed;
+}
+
+/// Identifies a registered setup contribution, to remove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SetupId(u64);
+
+struct Registration {
+    id: SetupId,
+    setup: Arc<dyn ContinuableSetup>,
+    revoked: Arc<AtomicBool>,
+}
+
+/// The registered contributions, in registration order.
+#[derive(Default)]
+pub(crate) struct Setups {
+    registrations: Mutex<Vec<Registration>>,
+    next: AtomicU64,
+}
+
+impl SubagentRuntime {
+    /// Registers a contribution; it applies from the next activation on.
+    pub fn register_continuable_setup(&self, setup: Arc<dyn ContinuableSetup>) -> SetupId {
+        let setups = self.setups();
+        let id = SetupId(setups.next.fetch_add(1, Ordering::Relaxed));
+        lock(&setups.registrations).push(Registration {
+            id,
+            setup,
+            revoked: Arc::new(AtomicBool::new(false)),
+        });
+        id
+    }
+
+    /// Removes a contribution: new activations no longer get it, and the tools it installed in
+    /// resident children unmount now. Returns whether it was registered.
+    pub fn remove_continuable_setup(&self, id: SetupId) -> bool {
+        let mut registrations = lock(&self.setups().registrations);
+        match registrations.iter().position(|r| r.id == id) {
+            Some(at) => {
+                registrations
+                    .remove(at)
+                    .revoked
+                    .store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Everything the registered contributions install in `child`.
+    pub(crate) fn install_setups(&self, child: SessionId) -> Installed {
+        let registrations: Vec<(Arc<dyn ContinuableSetup>, Arc<AtomicBool>)> =
+            lock(&self.setups().registrations)
+                .iter()
+                .map(|r| (r.setup.clone(), r.revoked.clone()))
+                .collect();
+        let mut installed = Installed::default();
+        for (setup, revoked) in registrations {
+            let Installed { tools, context } = setup.install(self, child);
+            installed
+                .tools
+                .extend(tools.into_iter().map(|tool| -> Arc<dyn Tool> {
+                    Arc::new(Revocable {
+                        tool,
+                        revoked: revoked.clone(),
+                    })
+                }));
+            installed.context.extend(context);
+        }
+        installed
+    }
+}
+
+/// A contributed tool that unmounts when its contribution is removed.
+struct Revocable {
+    tool: Arc<dyn Tool>,
+    revoked: Arc<AtomicBool>,
+}
+
+impl Tool for Revocable {
+    fn name(&self) -> &str {
+        self.tool.name()
+    }
+    fn description(&self) -> &str {
+        self.tool.description()
+    }
+    fn input_schema(&self) -> serde_json::Value {
+        self.tool.input_schema()
+    }
+    fn parallel_safe(&self, arguments: &serde_json::Value) -> bool {
+        self.tool.parallel_safe(arguments)
+    }
+    fn available(&self) -> bool {
+        !self.revoked.load(Ordering::SeqCst) && self.tool.available()
+    }
+    fn call(&self, ctx: ToolContext, arguments: serde_json::Value) -> BoxFuture<'_, ToolOutput> {
+        self.tool.call(ctx, arguments)
+    }
+}

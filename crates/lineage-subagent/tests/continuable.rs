@@ -1,0 +1,882 @@
+//! Continuable children: acceptance, settlement and its notice, follow-ups to running, waiting and
+//! settled children, cold resume after a restart, interrupt, report, drains and refusals.
+//!
+//! Every test is deterministic: time is paused, child models are held by gates, and tests wait on
+//! agents' own events, never on sleeps.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use lineage_agent::{AgentEvent, AgentStatus, Agents, Cancellation, Gate, Response};
+use lineage_log::{
+    AbortCause, ContentBlock, DescriptorMode, EventBody, MessageSource, PolicySource, SandboxMode,
+    SessionId, TurnEndReason, fold_descriptor, fold_policy,
+};
+use lineage_store::Store;
+use lineage_subagent::tools::ReportSetup;
+use lineage_subagent::{
+    Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, SpawnProvider,
+    StopReason, SubagentRuntime,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// A continuable request from `parent` whose child asks the model `model`.
+fn continuable(
+    parent: &Arc<lineage_agent::Agent>,
+    model: &str,
+    prompt: &str,
+) -> ContinuableRequest {
+    ContinuableRequest {
+        agent_options: lineage_subagent::ChildOptions {
+            model: Some(model.into()),
+            ..Default::default()
+        },
+        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), prompt)
+    }
+}
+
+/// Waits until `agent` has received a message whose source matches `pred`, and returns its text.
+async fn received(
+    events: &mut UnboundedReceiver<AgentEvent>,
+    pred: impl Fn(&MessageSource) -> bool,
+) -> String {
+    within(async {
+        loop {
+            match events.recv().await {
+                Some(AgentEvent::InboxInserted { message, .. }) if pred(&message.source) => {
+                    return message.text_lines();
+                }
+                Some(_) => {}
+                None => panic!("the agent's event stream ended"),
+            }
+        }
+    })
+    .await
+}
+
+trait TextLines {
+    fn text_lines(&self) -> String;
+}
+
+impl TextLines for lineage_log::Message {
+    fn text_lines(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text } => Some(text.to_string()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn is_notice(source: &MessageSource) -> bool {
+    matches!(source, MessageSource::SubagentSettled { .. })
+}
+
+fn is_report(source: &MessageSource) -> bool {
+    matches!(source, MessageSource::SubagentReport { .. })
+}
+
+/// Waits until the runtime no longer holds `child` resident.
+async fn settled(
+    runtime: &SubagentRuntime,
+    life: &mut UnboundedReceiver<Lifecycle>,
+    child: SessionId,
+) -> Lifecycle {
+    let end = within(async {
+        loop {
+            match life.recv().await {
+                Some(event @ Lifecycle::End { .. }) if event.info().child == child => return event,
+                Some(_) => {}
+                None => panic!("the lifecycle stream ended"),
+            }
+        }
+    })
+    .await;
+    assert!(!runtime.is_resident(child));
+    end
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker")
+        .push([Response::text("the answer is 42").gated(&gate)]);
+    h.parent_model().push([Response::text("noted")]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    let (_, mut life) = listen(&h.runtime);
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "find the answer"))
+        .await
+        .unwrap();
+    // Accepted, resident, and announced by `subagent/start` before any model request.
+    assert!(h.runtime.is_resident(started.child));
+    assert!(
+        matches!(drain(&mut life).as_slice(), [Lifecycle::Start(info)] if info.child == started.child)
+    );
+    let child = h.agents.get(started.child).expect("the child is live");
+    assert_eq!(child.delegation_depth(), 1);
+    h.model("worker").wait_for_requests(1).await;
+    gate.open();
+    let notice = received(&mut parent_events, is_notice).await;
+    assert_eq!(
+        notice,
+        format!(
+            "Background subagent {} finished; it will do nothing more unless you send it another \
+             message.\nIts closing message:\nthe answer is 42",
+            started.child
+        )
+    );
+    match settled(&h.runtime, &mut life, started.child).await {
+        Lifecycle::End {
+            stop_reason,
+            last_assistant_message,
+            ..
+        } => {
+            assert_eq!(stop_reason, StopReason::Completed);
+            assert_eq!(last_assistant_message.as_deref(), Some("the answer is 42"));
+        }
+        other => panic!("expected the end, got {other:?}"),
+    }
+    within(parent.when_idle()).await;
+    // The idle parent ran exactly one turn for the notice.
+    assert_eq!(turn_ends(&parent.events()), [TurnEndReason::Completed]);
+    assert_eq!(h.parent_model().requests().len(), 1);
+    // The child is gone from memory but stored, with its identity in its own events.
+    assert!(h.agents.get(started.child).is_none());
+    let stored = h.stored(started.child);
+    let descriptor = fold_descriptor(&stored).expect("a descriptor");
+    assert_eq!(descriptor.mode, DescriptorMode::Continuable);
+    assert_eq!(descriptor.label.as_deref(), Some("worker job"));
+    assert_eq!(descriptor.agent_model.as_deref(), Some("worker"));
+    assert_eq!(user_texts(&stored), ["find the answer"]);
+    h.assert_verified();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_parent_gets_the_notice_at_its_next_step_without_a_new_turn() {
+    let h = Harness::new();
+    let parent_gate = Gate::new();
+    h.model("worker").push([Response::text("done")]);
+    h.parent_model().push([
+        Response::text("working").gated(&parent_gate),
+        Response::text("saw the notice"),
+    ]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    parent.followup(user("do your own work")).unwrap();
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "help"))
+        .await
+        .unwrap();
+    received(&mut parent_events, is_notice).await;
+    assert_eq!(parent.status(), AgentStatus::Running);
+    parent_gate.open();
+    within(parent.when_idle()).await;
+    let events = parent.events();
+    // One turn, two steps: the notice joined the running turn.
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+    let requests = h.parent_model().requests();
+    assert_eq!(requests.len(), 2);
+    assert!(
+        message_texts(&requests[1])
+            .iter()
+            .any(|t| t.contains(&started.child.to_string()))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn followups_queue_in_order_in_the_same_activation_and_the_caller_gets_ids() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker").push([
+        Response::text("first").gated(&gate),
+        Response::text("second"),
+        Response::text("third"),
+    ]);
+    h.parent_model().push([Response::text("ok")]);
+    let parent = h.parent().await;
+    let (_, mut life) = listen(&h.runtime);
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "one"))
+        .await
+        .unwrap();
+    let child = h.agents.get(started.child).unwrap();
+    assert_eq!(drain(&mut life).len(), 1, "subagent/start");
+    h.model("worker").wait_for_requests(1).await;
+    let cancel = Cancellation::new();
+    let coordinator = MessageSource::Coordinator {
+        sender: parent.id(),
+    };
+    for text in ["two", "three"] {
+        h.runtime
+            .followup(
+                &parent,
+                started.child,
+                vec![ContentBlock::text(text)],
+                coordinator.clone(),
+                &cancel,
+            )
+            .await
+            .unwrap();
+    }
+    gate.open();
+    settled(&h.runtime, &mut life, started.child).await;
+    // Same agent for every turn, one turn per message, in call order.
+    let events = child.events();
+    assert_eq!(user_texts(&events), ["one", "two", "three"]);
+    assert_eq!(turn_ends(&events).len(), 3);
+    // One activation epoch: no second `subagent/start`.
+    assert!(drain(&mut life).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interrupt_keeps_queued_work_parked_until_the_next_send_which_runs_it_first() {
+    let h = Harness::new();
+    h.model("worker").push([
+        Response::hang(),
+        Response::text("did two"),
+        Response::text("did three"),
+    ]);
+    h.parent_model().push([Response::text("ok")]);
+    let parent = h.parent().await;
+    let (_, mut life) = listen(&h.runtime);
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "one"))
+        .await
+        .unwrap();
+    let child = h.agents.get(started.child).unwrap();
+    h.model("worker").wait_for_requests(1).await;
+    let cancel = Cancellation::new();
+    let source = MessageSource::Coordinator {
+        sender: parent.id(),
+    };
+    h.runtime
+        .followup(
+            &parent,
+            started.child,
+            vec![ContentBlock::text("two")],
+            source.clone(),
+            &cancel,
+        )
+        .await
+        .unwrap();
+    h.runtime
+        .interrupt(
+            started.child,
+            &Authority::User {
+                parent: parent.id(),
+            },
+        )
+        .unwrap();
+    within(child.when_idle()).await;
+    // The turn ended aborted by the user; "two" is parked, no model request for it, and the
+    // same activation stays resident.
+    assert_eq!(
+        turn_ends(&child.events()),
+        [TurnEndReason::Aborted {
+            cause: AbortCause::User
+        }]
+    );
+    assert_eq!(h.model("worker").requests().len(), 1);
+    assert!(h.runtime.is_resident(started.child));
+    assert!(Arc::ptr_eq(&h.agents.get(started.child).unwrap(), &child));
+    h.runtime
+        .followup(
+            &parent,
+            started.child,
+            vec![ContentBlock::text("three")],
+            source,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    settled(&h.runtime, &mut life, started.child).await;
+    assert_eq!(user_texts(&child.events()), ["one", "two", "three"]);
+    assert_eq!(h.model("worker").requests().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn interrupt_authority_is_checked_and_absent_targets_are_accepted_no_ops() {
+    let h = Harness::new();
+    h.model("a").push([Response::hang()]);
+    h.model("b").push([Response::hang()]);
+    let parent = h.parent().await;
+    let a = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "a", "a"))
+        .await
+        .unwrap();
+    let b = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "b", "b"))
+        .await
+        .unwrap();
+    let agent_a = h.agents.get(a.child).unwrap();
+    // A sibling is neither parent nor ancestor.
+    let sibling = h
+        .runtime
+        .interrupt(b.child, &Authority::Ancestor(agent_a.clone()));
+    assert_eq!(refusal(sibling).code(), ErrorCode::Unauthorized);
+    // Self-interrupt and a stale ancestor are refused before the target is looked up.
+    let itself = h
+        .runtime
+        .interrupt(a.child, &Authority::Ancestor(agent_a.clone()));
+    assert_eq!(refusal(itself).code(), ErrorCode::Unauthorized);
+    let stranger = h.parent().await;
+    let not_parent = h.runtime.interrupt(
+        a.child,
+        &Authority::User {
+            parent: stranger.id(),
+        },
+    );
+    assert_eq!(refusal(not_parent).code(), ErrorCode::Unauthorized);
+    // Unknown targets are accepted and change nothing.
+    h.runtime
+        .interrupt(SessionId::new(), &Authority::Ancestor(parent.clone()))
+        .unwrap();
+    // The real parent may.
+    h.runtime
+        .interrupt(a.child, &Authority::Ancestor(parent.clone()))
+        .unwrap();
+    within(agent_a.when_idle()).await;
+    assert_eq!(
+        turn_ends(&agent_a.events()),
+        [TurnEndReason::Aborted {
+            cause: AbortCause::Parent
+        }]
+    );
+    // A stale handle: the agent of a settled child, with the same id as no live agent.
+    within(h.runtime.drain_children(&parent, &[a.child]))
+        .await
+        .unwrap();
+    let stale = h.runtime.interrupt(b.child, &Authority::Ancestor(agent_a));
+    assert_eq!(refusal(stale).code(), ErrorCode::Unauthorized);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_child_is_woken_in_the_same_activation() {
+    let h = Harness::new();
+    let b_gate = Gate::new();
+    h.model("a").push([
+        Response::text("started b"),
+        Response::text("a again"),
+        Response::text("b is done"),
+    ]);
+    h.model("b")
+        .push([Response::text("b answer").gated(&b_gate)]);
+    h.parent_model()
+        .push([Response::text("ok"), Response::text("ok")]);
+    let parent = h.parent().await;
+    let (_, mut life) = listen(&h.runtime);
+    let a = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "a", "start b"))
+        .await
+        .unwrap();
+    let agent_a = h.agents.get(a.child).unwrap();
+    let b = h
+        .runtime
+        .start_continuable("spawn", continuable(&agent_a, "b", "work"))
+        .await
+        .unwrap();
+    assert_eq!(h.agents.get(b.child).unwrap().delegation_depth(), 2);
+    within(agent_a.when_idle()).await;
+    // A finished its turn but owns B: it waits, resident, same agent.
+    assert!(h.runtime.is_resident(a.child));
+    let source = MessageSource::Coordinator {
+        sender: parent.id(),
+    };
+    h.runtime
+        .followup(
+            &parent,
+            a.child,
+            vec![ContentBlock::text("more")],
+            source,
+            &Cancellation::new(),
+        )
+        .await
+        .unwrap();
+    within(agent_a.when_idle()).await;
+    assert!(Arc::ptr_eq(&h.agents.get(a.child).unwrap(), &agent_a));
+    assert_eq!(user_texts(&agent_a.events()), ["start b", "more"]);
+    // B settles first; A gets B's notice, runs, and then settles itself, child first.
+    b_gate.open();
+    let mut ends = Vec::new();
+    within(async {
+        while ends.len() < 2 {
+            if let Some(Lifecycle::End { info, .. }) = life.recv().await {
+                ends.push(info.child);
+            }
+        }
+    })
+    .await;
+    assert_eq!(ends, [b.child, a.child]);
+    let a_events = h.stored(a.child);
+    assert!(
+        a_events.iter().any(|e| matches!(&e.body, EventBody::UserMessage(m)
+            if matches!(m.source, MessageSource::SubagentSettled { sender, .. } if sender == b.child))),
+        "A's history holds B's notice"
+    );
+    let starts: Vec<_> = drain(&mut life);
+    assert!(starts.is_empty(), "no second activation of A: {starts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
+    let h = Harness::new();
+    h.runtime
+        .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep));
+    let gate = Gate::new();
+    h.model("worker").push([
+        Response::tool_call("r1", "report", r#"{"output":"halfway there"}"#),
+        Response::text("finished").gated(&gate),
+    ]);
+    h.parent_model()
+        .push([Response::text("thanks"), Response::text("ok")]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "go"))
+        .await
+        .unwrap();
+    let report = received(&mut parent_events, is_report).await;
+    assert_eq!(
+        report,
+        format!(
+            "Background subagent {} reports:\nhalfway there",
+            started.child
+        )
+    );
+    // The report did not end the child's turn: it goes on to its second step.
+    h.model("worker").wait_for_requests(2).await;
+    assert!(h.runtime.is_resident(started.child));
+    let child = h.agents.get(started.child).unwrap();
+    // Only the report tool's own child may report: not the root, not a stale handle.
+    let root = h.runtime.report(
+        &parent,
+        vec![ContentBlock::text("x")],
+        ReportDelivery::Quiet,
+        &Cancellation::new(),
+    );
+    assert_eq!(refusal(root).code(), ErrorCode::Unauthorized);
+    gate.open();
+    received(&mut parent_events, is_notice).await;
+    let stale = h.runtime.report(
+        &child,
+        vec![ContentBlock::text("x")],
+        ReportDelivery::Quiet,
+        &Cancellation::new(),
+    );
+    assert_eq!(refusal(stale).code(), ErrorCode::Unauthorized);
+    // A one-shot child cannot report either.
+    h.child_model().push([Response::hang()]);
+    let run = h
+        .runtime
+        .start("spawn", request(&parent, "one shot"))
+        .await
+        .unwrap();
+    let one_shot = run.local_agent().unwrap().clone();
+    let refused = h.runtime.report(
+        &one_shot,
+        vec![ContentBlock::text("x")],
+        ReportDelivery::NextStep,
+        &Cancellation::new(),
+    );
+    assert_eq!(refusal(refused).code(), ErrorCode::Unauthorized);
+    run.dispose().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_reports_wait_in_the_parent_without_waking_it() {
+    let h = Harness::new();
+    h.runtime
+        .register_continuable_setup(ReportSetup::new(ReportDelivery::Quiet));
+    h.model("worker").push([
+        Response::tool_call("r1", "report", r#"{"output":"fyi"}"#),
+        Response::hang(),
+    ]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "go"))
+        .await
+        .unwrap();
+    received(&mut parent_events, is_report).await;
+    assert_eq!(parent.status(), AgentStatus::Idle);
+    assert!(parent.has_pending());
+    assert!(h.parent_model().requests().is_empty());
+    h.runtime
+        .drain_children(&parent, &[started.child])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_refusals_leave_no_activation_no_agent_and_no_session() {
+    let h = Harness::new();
+    let parent = h.parent().await;
+    let before = h.footprint();
+    let no_provider = h
+        .runtime
+        .start_continuable("nope", continuable(&parent, "w", "x"))
+        .await;
+    assert_eq!(refusal(no_provider).code(), ErrorCode::NoProvider);
+    let canned = CannedProvider::new("remote", lineage_subagent::Capabilities::ALL);
+    h.runtime.register_provider(canned).unwrap();
+    let not_continuable = h
+        .runtime
+        .start_continuable("remote", continuable(&parent, "w", "x"))
+        .await;
+    assert_eq!(
+        refusal(not_continuable).code(),
+        ErrorCode::UnsupportedCapability
+    );
+    let too_deep = h
+        .runtime
+        .start_continuable(
+            "spawn",
+            ContinuableRequest {
+                max_depth: Some(0),
+                ..continuable(&parent, "w", "x")
+            },
+        )
+        .await;
+    assert_eq!(refusal(too_deep).code(), ErrorCode::DepthExceeded);
+    let cancel = Cancellation::new();
+    cancel.cancel(AbortCause::User);
+    let cancelled = h
+        .runtime
+        .start_continuable(
+            "spawn",
+            ContinuableRequest {
+                cancel,
+                ..continuable(&parent, "w", "x")
+            },
+        )
+        .await;
+    assert_eq!(refusal(cancelled).code(), ErrorCode::Cancelled);
+    let taken = h
+        .runtime
+        .start_continuable(
+            "spawn",
+            ContinuableRequest {
+                child: Some(parent.id()),
+                ..continuable(&parent, "w", "x")
+            },
+        )
+        .await;
+    assert_eq!(refusal(taken).code(), ErrorCode::DuplicateChild);
+    assert_eq!(h.footprint(), before);
+    assert!(
+        h.runtime
+            .list_children(parent.id())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_are_not_resumable() {
+    let h = Harness::new();
+    h.model("worker").push([Response::hang()]);
+    let parent = h.parent().await;
+    let stranger = h.parent().await;
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "x"))
+        .await
+        .unwrap();
+    let source = MessageSource::Coordinator {
+        sender: stranger.id(),
+    };
+    let cancel = Cancellation::new();
+    let not_parent = h
+        .runtime
+        .followup(
+            &stranger,
+            started.child,
+            vec![ContentBlock::text("hi")],
+            source.clone(),
+            &cancel,
+        )
+        .await;
+    let error = refusal(not_parent);
+    assert_eq!(error.code(), ErrorCode::Unauthorized);
+    assert!(
+        error.to_string().contains("another parent session"),
+        "{error}"
+    );
+    let unknown = h
+        .runtime
+        .followup(
+            &parent,
+            SessionId::new(),
+            vec![ContentBlock::text("hi")],
+            source.clone(),
+            &cancel,
+        )
+        .await;
+    assert_eq!(refusal(unknown).code(), ErrorCode::NotResumable);
+    // A one-shot child, settled: it has no continuation state.
+    h.child_model().push([Response::text("once")]);
+    let run = h
+        .runtime
+        .start("spawn", request(&parent, "once"))
+        .await
+        .unwrap();
+    run.result().await.unwrap();
+    run.dispose().await.unwrap();
+    let one_shot = h
+        .runtime
+        .followup(
+            &parent,
+            run.id(),
+            vec![ContentBlock::text("again")],
+            source,
+            &cancel,
+        )
+        .await;
+    let error = refusal(one_shot);
+    assert_eq!(error.code(), ErrorCode::NotResumable);
+    assert!(error.to_string().contains("do not"), "{error}");
+    h.runtime
+        .drain_children(&parent, &[started.child])
+        .await
+        .unwrap();
+}
+
+/// A runtime over the store file at `path`, as a new process would build it: no provider.
+fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
+    let store = Store::open(path).expect("the store reopens");
+    let router = Arc::new(Router::default());
+    let agents = Agents::new(store, router.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    (router, agents, runtime)
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let (parent_id, child_id) = {
+        let (router, agents, runtime) = reopen(&path);
+        runtime
+            .register_provider(Arc::new(SpawnProvider::new()))
+            .unwrap();
+        router
+            .model("worker")
+            .push([Response::text("first answer")]);
+        router.model(PARENT).push([Response::text("ok")]);
+        let parent = agents
+            .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
+            .await
+            .unwrap();
+        parent
+            .record(SandboxMode {
+                mode: "read-only".into(),
+                source: PolicySource::Own,
+            })
+            .unwrap();
+        let (_, mut life) = listen(&runtime);
+        let request = ContinuableRequest {
+            persona: Some("a careful auditor".into()),
+            tool_filter: Some(lineage_log::ToolFilter {
+                allow: Some(Vec::new()),
+                deny: None,
+            }),
+            ..continuable(&parent, "worker", "audit it")
+        };
+        let started = runtime.start_continuable("spawn", request).await.unwrap();
+        settled(&runtime, &mut life, started.child).await;
+        within(parent.when_idle()).await;
+        runtime.drain().await.unwrap();
+        agents.dispose_all().await;
+        (parent.id(), started.child)
+    };
+    // A new process: the provider is not registered.
+    let (router, agents, runtime) = reopen(&path);
+    assert!(runtime.providers().is_empty());
+    router
+        .model("worker")
+        .push([Response::text("second answer")]);
+    router.model(PARENT).push([Response::text("ok")]);
+    let parent = agents
+        .resume(parent_id, parent_spec(Vec::new()))
+        .await
+        .unwrap();
+    let (_, mut life) = listen(&runtime);
+    let source = MessageSource::Coordinator { sender: parent_id };
+    runtime
+        .followup(
+            &parent,
+            child_id,
+            vec![ContentBlock::text("audit again")],
+            source,
+            &Cancellation::new(),
+        )
+        .await
+        .unwrap();
+    let child = agents.get(child_id).expect("the child is live again");
+    assert_eq!(child.delegation_depth(), 1);
+    let request = {
+        router.model("worker").wait_for_requests(1).await;
+        router.model("worker").requests().remove(0)
+    };
+    // Model, persona and filter come from the descriptor.
+    assert_eq!(request.model.as_str(), "worker");
+    assert!(request.system.contains("a careful auditor"));
+    assert!(request.tools.is_empty());
+    match settled(&runtime, &mut life, child_id).await {
+        Lifecycle::End {
+            info,
+            last_assistant_message,
+            ..
+        } => {
+            assert_eq!(info.provider.as_str(), "spawn");
+            assert_eq!(last_assistant_message.as_deref(), Some("second answer"));
+        }
+        other => panic!("expected the end, got {other:?}"),
+    }
+    let events = agents.store().read_from(child_id, 0).unwrap();
+    // Policy was captured once, at creation; resume added nothing.
+    let policy = fold_policy(&events);
+    assert_eq!(policy.sandbox.map(|m| m.mode.as_str()), Some("read-only"));
+    let policy_events = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.body,
+                EventBody::ApprovalPolicy(_) | EventBody::SandboxMode(_)
+            )
+        })
+        .count();
+    assert_eq!(policy_events, 2);
+    let descriptors = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::SubagentDescriptor(_)))
+        .count();
+    assert_eq!(descriptors, 1);
+    assert_eq!(user_texts(&events), ["audit it", "audit again"]);
+    assert!(agents.store().verify().unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn drains_tear_down_resident_children_leave_them_loadable_and_close_admission() {
+    let h = Harness::new();
+    h.model("a").push([Response::hang()]);
+    h.model("b").push([Response::hang()]);
+    h.model("c").push([Response::hang()]);
+    let left = h.parent().await;
+    let right = h.parent().await;
+    let a = h
+        .runtime
+        .start_continuable("spawn", continuable(&left, "a", "x"))
+        .await
+        .unwrap();
+    let agent_a = h.agents.get(a.child).unwrap();
+    let b = h
+        .runtime
+        .start_continuable("spawn", continuable(&agent_a, "b", "y"))
+        .await
+        .unwrap();
+    let c = h
+        .runtime
+        .start_continuable("spawn", continuable(&right, "c", "z"))
+        .await
+        .unwrap();
+    within(h.runtime.drain_descendants(&[left.clone()]))
+        .await
+        .unwrap();
+    assert!(!h.runtime.is_resident(a.child) && !h.runtime.is_resident(b.child));
+    assert!(h.runtime.is_resident(c.child), "another tree is untouched");
+    let closed = h
+        .runtime
+        .start_continuable("spawn", continuable(&left, "a", "again"))
+        .await;
+    assert_eq!(refusal(closed).code(), ErrorCode::Draining);
+    for id in [a.child, b.child] {
+        let loaded = h.store.inspect(id).expect("a drained child stays loadable");
+        assert!(lineage_log::is_balanced(&loaded.events));
+    }
+    within(h.runtime.drain()).await.unwrap();
+    assert!(!h.runtime.is_resident(c.child));
+    let closed = h
+        .runtime
+        .start_continuable("spawn", continuable(&right, "c", "again"))
+        .await;
+    assert_eq!(refusal(closed).code(), ErrorCode::Draining);
+    h.assert_verified();
+}
+
+#[tokio::test(start_paused = true)]
+async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
+    let h = Harness::new();
+    h.model("a").push([Response::hang()]);
+    h.model("b").push([Response::text("b done")]);
+    h.child_model().push([Response::text("one-shot done")]);
+    let parent = h.parent().await;
+    let a = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "a", "x"))
+        .await
+        .unwrap();
+    let agent_a = h.agents.get(a.child).unwrap();
+    let run = h
+        .runtime
+        .start("spawn", request(&parent, "once"))
+        .await
+        .unwrap();
+    run.result().await.unwrap();
+    run.dispose().await.unwrap();
+    let b = h
+        .runtime
+        .start_continuable("spawn", continuable(&agent_a, "b", "y"))
+        .await
+        .unwrap();
+    let children = h.runtime.list_children(parent.id()).await.unwrap();
+    let ids: Vec<_> = children.iter().map(ListingRow::id).collect();
+    assert_eq!(ids, [a.child, run.id()]);
+    match &children[0] {
+        ListingRow::Child(row) => {
+            assert_eq!(row.mode, DescriptorMode::Continuable);
+            assert_eq!(row.label.as_deref(), Some("a job"));
+            assert!(row.live && row.has_children);
+        }
+        other => panic!("expected a child row, got {other:?}"),
+    }
+    match &children[1] {
+        ListingRow::Child(row) => assert!(row.mode == DescriptorMode::OneShot && !row.live),
+        other => panic!("expected a child row, got {other:?}"),
+    }
+    let tree = h.runtime.list_descendants(parent.id()).await.unwrap();
+    let rows: Vec<_> = tree
+        .iter()
+        .map(|r| match r {
+            ListingRow::Child(c) => (c.id, c.parent, c.depth),
+            ListingRow::Diagnostic(d) => panic!("unexpected diagnostic {d:?}"),
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (a.child, parent.id(), 1),
+            (b.child, a.child, 2),
+            (run.id(), parent.id(), 1)
+        ]
+    );
+    h.runtime.drain().await.unwrap();
+}

@@ -7,6 +7,7 @@ use clap::{Args, ColorChoice, Parser, Subcommand};
 /// Examples and exit codes, printed after the options by `--help`.
 const AFTER_HELP: &str = "\
 Examples:
+  lineage demo
   lineage ls sessions.lineage
   lineage tree sessions.lineage
   lineage show sessions.lineage 019b76da-a800-7000-8000-000000000001 --from 120 --limit 40
@@ -63,6 +64,17 @@ pub enum Command {
     Export(ExportArgs),
     /// Show space used: sessions, events, bytes, and bytes per event by kind.
     Stats(StoreArgs),
+    /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
+    /// result (no network: the models are scripted).
+    Demo(DemoArgs),
+}
+
+/// Arguments of `demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The store file to write (created if missing; an existing store gets new sessions).
+    #[arg(long, value_name = "PATH")]
+    pub store: Option<PathBuf>,
 }
 
 /// Output format shared by the inspection commands.

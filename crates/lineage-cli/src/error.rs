@@ -28,6 +28,8 @@ pub enum CliError {
     Damaged(String),
     /// The output could not be written. A closed pipe (`lineage show … | head`) is not a failure.
     Output(io::Error),
+    /// The demo could not run to its end (exit 1).
+    Demo(String),
 }
 
 impl CliError {
@@ -38,14 +40,17 @@ impl CliError {
             CliError::CannotOpen(_) => EXIT_CANNOT_OPEN,
             CliError::Damaged(_) => EXIT_PROBLEMS,
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => EXIT_OK,
-            CliError::Output(_) => EXIT_PROBLEMS,
+            CliError::Output(_) | CliError::Demo(_) => EXIT_PROBLEMS,
         }
     }
 
     /// The sentence to print on stderr, or `None` when nothing should be said (a closed pipe).
     pub fn message(&self) -> Option<String> {
         match self {
-            CliError::Usage(m) | CliError::CannotOpen(m) | CliError::Damaged(m) => Some(m.clone()),
+            CliError::Usage(m)
+            | CliError::CannotOpen(m)
+            | CliError::Damaged(m)
+            | CliError::Demo(m) => Some(m.clone()),
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
             CliError::Output(e) => Some(format!("cannot write the output: {e}")),
         }
@@ -57,6 +62,7 @@ impl CliError {
             CliError::Usage(_) => CliError::Usage(message),
             CliError::CannotOpen(_) => CliError::CannotOpen(message),
             CliError::Damaged(_) => CliError::Damaged(message),
+            CliError::Demo(_) => CliError::Demo(message),
             output @ CliError::Output(_) => output,
         }
     }

@@ -21,6 +21,7 @@
 
 mod cli;
 mod commands;
+mod demo;
 mod error;
 mod open;
 mod render;

@@ -1328,6 +1328,15 @@ impl SubagentRuntime {
         aggregate(disposals, subject).await
     }
 
+    /// The children resident now (running, waiting, or being torn down).
+    pub fn resident(&self) -> Vec<SessionId> {
+        lock(&self.continuation().state)
+            .activations
+            .keys()
+            .copied()
+            .collect()
+    }
+
     /// Whether `child` has a resident activation (running or waiting).
     pub fn is_resident(&self, child: SessionId) -> bool {
         self.activation(child).is_some_and(|a| !a.is_closing())

@@ -31,7 +31,18 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Tail(args) => tail::run(&args, out),
         Command::Export(args) => export::run(&args, out),
         Command::Stats(args) => stats::run(&args, out),
+        Command::Demo(args) => crate::demo::run(&args, out),
     }
+}
+
+/// `lineage tree`, for the demo's closing summary.
+pub fn run_tree(args: &crate::cli::TreeArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+    tree::run(args, out)
+}
+
+/// `lineage verify`, for the demo's closing summary.
+pub fn run_verify(args: &crate::cli::VerifyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+    verify::run(args, out)
 }
 
 /// Writes `value` as one pretty-printed JSON document and a newline.

@@ -4,7 +4,8 @@
 //!
 //! - [`log`]: the session log model (events, messages, rules, repair, fork, folds, codec);
 //! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit);
-//! - [`agent`]: the agent runtime on tokio (inbox, turn loop, model and tool traits, registry).
+//! - [`agent`]: the agent runtime on tokio (inbox, turn loop, model and tool traits, registry);
+//! - [`subagent`]: delegation (providers, spawn and fork, one-shot and continuable children).
 //!
 //! ```no_run
 //! use lineage::log::{Event, Header, SessionId, TurnStart};
@@ -27,3 +28,4 @@
 pub use lineage_agent as agent;
 pub use lineage_log as log;
 pub use lineage_store as store;
+pub use lineage_subagent as subagent;

@@ -1107,3 +1107,64 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     let verified = run(&["verify", p]).ok().stdout;
     assert!(verified.ends_with(", 0 problems\n"), "{verified}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The demo.
+
+#[test]
+fn the_demo_runs_to_its_end_and_its_store_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = lineage(&["demo"])
+        .current_dir(dir.path())
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    // The default store is in the working directory, and the story is told in order.
+    let path = dir.path().join("lineage-demo.lineage");
+    assert!(path.exists());
+    let mut at = 0;
+    for milestone in [
+        "== 1.",
+        "lead calls subagent",
+        "lead calls review",
+        "report in: Background subagent",
+        "notice in: Background subagent",
+        "lead calls send_message",
+        "lead calls interrupt_agent",
+        "settled: aborted",
+        "== 3.",
+        "== 4.",
+        "lead calls send_message",
+        "== Verify",
+        "4 sessions",
+        "0 problems",
+        "== Try next",
+    ] {
+        match stdout[at..].find(milestone) {
+            Some(found) => at += found + milestone.len(),
+            None => panic!("{milestone:?} after byte {at} of:\n{stdout}"),
+        }
+    }
+    for mode in ["continuable", "one-shot", "spawn", "fork"] {
+        assert!(stdout.contains(mode), "the tree shows {mode}");
+    }
+    // What it wrote verifies on its own, and the auditor resumed once after the restart.
+    let store = Store::open_read_only(&path).unwrap();
+    assert!(store.verify().unwrap().is_ok());
+    let sessions = store.list().unwrap();
+    assert_eq!(sessions.len(), 4);
+    run(&["verify", s(&path)]).ok();
+    // A second run adds a second tree to the same store.
+    let again = lineage(&["demo", "--store", s(&path)]).output().unwrap();
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(
+        Store::open_read_only(&path).unwrap().list().unwrap().len(),
+        8
+    );
+}

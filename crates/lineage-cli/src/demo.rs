@@ -663,7 +663,10 @@ mod tests {
                 call_id: AUDIT_CALL.into(),
             },
         };
-        assert_eq!(started_child(std::slice::from_ref(&result), AUDIT_CALL), Some(id));
+        assert_eq!(
+            started_child(std::slice::from_ref(&result), AUDIT_CALL),
+            Some(id)
+        );
         assert_eq!(started_child(&[result], BENCH_CALL), None);
     }
 }

@@ -1,0 +1,216 @@
+//! End to end, through the facade: a host process is killed while its continuable child is in
+//! the middle of a turn. A new process opens the same store with no provider registered; the
+//! parent's `send_message` resumes the child from its log alone: the torn turn is closed as
+//! interrupted, the child keeps its depth, policy and descriptor, runs the new message, settles,
+//! and the parent gets the notice.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use lineage::agent::{
+    AgentEvent, AgentOptions, AgentSpec, Agents, Cancellation, ChunkStream, CreateAgent, Model,
+    ModelRequest, Response, ScriptedModel,
+};
+use lineage::log::{
+    ContentBlock, EventBody, Message, MessageSource, SessionId, TurnEndReason, fold_descriptor,
+};
+use lineage::store::Store;
+use lineage::subagent::{ChildOptions, ContinuableRequest, SpawnProvider, SubagentRuntime};
+
+/// Names the store the host process writes; without it the helper does nothing.
+const STORE_VAR: &str = "LINEAGE_SUBAGENT_CRASH_STORE";
+
+/// Answers each request with the next response scripted for its model name.
+#[derive(Default)]
+struct ByModel(Mutex<HashMap<String, Arc<ScriptedModel>>>);
+
+impl ByModel {
+    fn script(&self, name: &str, responses: impl IntoIterator<Item = Response>) {
+        self.model(name).push(responses);
+    }
+
+    fn model(&self, name: &str) -> Arc<ScriptedModel> {
+        self.0
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_insert_with(|| ScriptedModel::new([]))
+            .clone()
+    }
+}
+
+impl Model for ByModel {
+    fn stream(&self, request: ModelRequest) -> ChunkStream {
+        self.model(request.model.as_str()).stream(request)
+    }
+}
+
+fn lead_spec() -> AgentSpec {
+    AgentSpec {
+        options: AgentOptions {
+            provider: Some("scripted".into()),
+            model: Some("lead".into()),
+            max_tokens: Some(512),
+            subagent_depth: 0,
+        },
+        ..AgentSpec::default()
+    }
+}
+
+/// The host: a lead with one continuable child whose model never answers. It prints both ids
+/// once the child's request is in flight, then waits to be killed.
+#[tokio::test]
+#[ignore = "helper process for the crash test"]
+async fn crash_host_child() {
+    let Ok(path) = std::env::var(STORE_VAR) else {
+        return;
+    };
+    let store = Store::open(&path).expect("the host opens the store");
+    let model = Arc::new(ByModel::default());
+    model.script("worker", [Response::hang()]);
+    model.script("lead", [Response::text("on it")]);
+    let agents = Agents::new(store, model.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    runtime
+        .register_provider(Arc::new(SpawnProvider::new()))
+        .expect("spawn registers");
+    let lead = agents
+        .create(CreateAgent::fresh(lead_spec()))
+        .await
+        .expect("the lead is created");
+    // The lead works a turn first, as a parent delegating from its own turn would have.
+    lead.followup(Message::user_text("index the archive", MessageSource::User))
+        .expect("the prompt is accepted");
+    lead.when_idle().await;
+    let request = ContinuableRequest {
+        agent_options: ChildOptions {
+            model: Some("worker".into()),
+            ..ChildOptions::default()
+        },
+        ..ContinuableRequest::new(lead.clone(), "long job", "index the archive")
+    };
+    let started = runtime
+        .start_continuable("spawn", request)
+        .await
+        .expect("the child starts");
+    model.model("worker").wait_for_requests(1).await;
+    let mut out = std::io::stdout();
+    writeln!(out, "\nreached {} {}", lead.id(), started.child).expect("stdout is open");
+    out.flush().expect("stdout is open");
+    std::future::pending::<()>().await;
+}
+
+/// Runs the host until its child is mid-turn, kills it, and returns the lead's and child's ids.
+fn crash_host(path: &std::path::Path) -> (SessionId, SessionId) {
+    let mut host = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_host_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(STORE_VAR, path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the host starts");
+    let stdout = host.stdout.take().expect("piped stdout");
+    let mut ids = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("the host's stdout reads");
+        if let Some(rest) = line.strip_prefix("reached ") {
+            let mut parts = rest.split_whitespace().map(|p| p.parse().expect("an id"));
+            ids = Some((parts.next().expect("lead"), parts.next().expect("child")));
+            break;
+        }
+    }
+    host.kill().expect("the host is killed");
+    host.wait().expect("the host is reaped");
+    ids.expect("the host reached the child's turn before it was killed")
+}
+
+#[tokio::test]
+async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let (lead_id, child_id) = crash_host(&path);
+
+    // A new process: same file, no provider.
+    let store = Store::open(&path).expect("the store opens after the crash");
+    let model = Arc::new(ByModel::default());
+    model.script("worker", [Response::text("indexed 12 files")]);
+    model.script("lead", [Response::text("thanks")]);
+    let agents = Agents::new(store.clone(), model.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    let lead = agents.resume(lead_id, lead_spec()).await.unwrap();
+    let mut lead_events = lead.subscribe();
+    runtime
+        .followup(
+            &lead,
+            child_id,
+            vec![ContentBlock::text("how far did you get?")],
+            MessageSource::Coordinator { sender: lead_id },
+            &Cancellation::new(),
+        )
+        .await
+        .expect("the message is accepted");
+    let child = agents.get(child_id).expect("the child is resident again");
+    assert_eq!(child.delegation_depth(), 1);
+
+    // The notice reaches the lead once the child has answered and settled.
+    let notice = loop {
+        match lead_events.recv().await.expect("the lead's events") {
+            AgentEvent::InboxInserted { message, .. }
+                if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
+            {
+                break message;
+            }
+            _ => {}
+        }
+    };
+    assert!(text(&notice).contains("indexed 12 files"));
+    lead.when_idle().await;
+    store.flush_all().unwrap();
+
+    let events = store.read_from(child_id, 0).unwrap();
+    let ends: Vec<TurnEndReason> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TurnEnd(end) => Some(end.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, [TurnEndReason::Interrupted, TurnEndReason::Completed]);
+    let asked: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::UserMessage(m) => Some(text(m)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, ["index the archive", "how far did you get?"]);
+    let descriptor = fold_descriptor(&events).expect("the descriptor survives");
+    assert_eq!(descriptor.label.as_deref(), Some("long job"));
+    assert_eq!(descriptor.agent_model.as_deref(), Some("worker"));
+    let pinned = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::ApprovalPolicy(_)))
+        .count();
+    assert_eq!(pinned, 1, "the policy was captured once, at creation");
+    assert!(store.verify().unwrap().is_ok());
+}
+
+fn text(message: &Message) -> String {
+    message
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.to_string()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -798,7 +798,7 @@ async fn drains_tear_down_resident_children_leave_them_loadable_and_close_admiss
         .start_continuable("spawn", continuable(&right, "c", "z"))
         .await
         .unwrap();
-    within(h.runtime.drain_descendants(&[left.clone()]))
+    within(h.runtime.drain_descendants(std::slice::from_ref(&left)))
         .await
         .unwrap();
     assert!(!h.runtime.is_resident(a.child) && !h.runtime.is_resident(b.child));

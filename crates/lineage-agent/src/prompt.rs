@@ -36,14 +36,15 @@ impl Prompt {
         self
     }
 
-    /// The system prompt for an agent with `persona` (shadowing the default) and `context`
-    /// statements. Parts are separated by blank lines.
-    pub fn render(&self, persona: Option<&str>, context: &[Text]) -> String {
+    /// The system prompt for an agent with `persona` (shadowing the default), the `guidance` of
+    /// its visible tools and its `context` statements. Parts are separated by blank lines.
+    pub fn render(&self, persona: Option<&str>, guidance: &[&str], context: &[Text]) -> String {
         let mut parts: Vec<&str> = Vec::new();
         if let Some(persona) = persona.or(self.persona.as_deref()) {
             parts.push(persona);
         }
         parts.extend(self.sections.iter().map(|(_, text)| text.as_str()));
+        parts.extend(guidance);
         let mut out = parts.join("\n\n");
         if !context.is_empty() {
             if !out.is_empty() {
@@ -70,12 +71,16 @@ mod tests {
             .section("style", "Be brief.")
             .section("safety", "Ask before deleting.");
         assert_eq!(
-            prompt.render(None, &[]),
+            prompt.render(None, &[], &[]),
             "You are the host.\n\nBe brief.\n\nAsk before deleting."
         );
         assert_eq!(
-            prompt.render(Some("You review code."), &["Your scope is fixed.".into()]),
-            "You review code.\n\nBe brief.\n\nAsk before deleting.\n\nRuntime context:\n- Your scope is fixed."
+            prompt.render(
+                Some("You review code."),
+                &["Use grep first."],
+                &["Your scope is fixed.".into()]
+            ),
+            "You review code.\n\nBe brief.\n\nAsk before deleting.\n\nUse grep first.\n\nRuntime context:\n- Your scope is fixed."
         );
     }
 
@@ -85,6 +90,6 @@ mod tests {
             .section("a", "1")
             .section("b", "2")
             .section("a", "3");
-        assert_eq!(prompt.render(None, &[]), "3\n\n2");
+        assert_eq!(prompt.render(None, &[], &[]), "3\n\n2");
     }
 }

@@ -58,6 +58,11 @@ pub trait Tool: Send + Sync + 'static {
     fn parallel_safe(&self, _arguments: &serde_json::Value) -> bool {
         false
     }
+    /// Guidance for the system prompt, shown while the tool is visible to the model (so it
+    /// leaves with the tool when the tool unmounts). None by default.
+    fn guidance(&self) -> Option<&str> {
+        None
+    }
     /// Whether the tool is mounted now. An unmounted tool is hidden from the model and refused
     /// like a filtered one; a tool that depends on something registered later (a delegation
     /// provider, say) mounts and unmounts with it. The default is always mounted.
@@ -204,6 +209,11 @@ impl Toolset {
                 parameters: t.input_schema(),
             })
             .collect()
+    }
+
+    /// The guidance of the visible tools, in order.
+    pub fn guidance(&self) -> Vec<&str> {
+        self.visible().filter_map(|t| t.guidance()).collect()
     }
 
     /// The visible tool called `name`, if any.

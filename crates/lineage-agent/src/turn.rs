@@ -205,9 +205,11 @@ async fn run_step(
         provider: provider.clone(),
         model: model.clone(),
         max_tokens: options.max_tokens,
-        system: config
-            .prompt
-            .render(config.persona.as_deref(), &config.context),
+        system: config.prompt.render(
+            config.persona.as_deref(),
+            &tools.guidance(),
+            &config.context,
+        ),
         tools: tools.schemas(),
         messages: agent.history(),
         cancel: cancel.clone(),

@@ -431,7 +431,12 @@ impl SubagentRuntime {
         async move {
             let (child, fresh) = prepared?;
             let parent = request.parent.clone();
-            let _guard = runtime.child_lock(child).await;
+            let _guard = tokio::select! {
+                guard = runtime.child_lock(child) => guard,
+                _ = request.cancel.cancelled() => {
+                    return Err(cancelled_before_publication(parent.id()));
+                }
+            };
             if request.cancel.is_cancelled() {
                 return Err(cancelled_before_publication(parent.id()));
             }
@@ -786,9 +791,20 @@ impl SubagentRuntime {
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
         self.assert_admitting(parent)?;
+        let not_accepted = || {
+            SubagentError::new(
+                ErrorCode::Cancelled,
+                format!("the message to subagent {child} was cancelled before it was accepted"),
+            )
+        };
         loop {
             {
-                let _guard = self.child_lock(child).await;
+                // The caller's cancellation ends the wait for the child's lock and for a
+                // teardown in progress: nothing has been accepted yet.
+                let _guard = tokio::select! {
+                    guard = self.child_lock(child) => guard,
+                    _ = cancel.cancelled() => return Err(not_accepted()),
+                };
                 match self.activation(child) {
                     None => {
                         return self
@@ -800,7 +816,10 @@ impl SubagentRuntime {
                         match disposal {
                             // Lost the race with the final teardown: wait for it, then resume.
                             Some(disposal) => {
-                                let _ = wait(disposal).await;
+                                tokio::select! {
+                                    _ = wait(disposal) => {}
+                                    _ = cancel.cancelled() => return Err(not_accepted()),
+                                }
                             }
                             None => {
                                 return self.submit_admitted(
@@ -817,10 +836,7 @@ impl SubagentRuntime {
             }
             self.assert_admitting(parent)?;
             if cancel.is_cancelled() {
-                return Err(SubagentError::new(
-                    ErrorCode::Cancelled,
-                    format!("the message to subagent {child} was cancelled before it was accepted"),
-                ));
+                return Err(not_accepted());
             }
         }
     }

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use lineage_agent::{Agent, BoxFuture, Cancellation, Tool};
 use lineage_log::{
     AbortCause, ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, SessionId,
-    Text, TurnEndReason,
+    TurnEndReason,
 };
 
 use crate::birth::{self, ChildPlan};
-use crate::structured::{STRUCTURED_CONTEXT, StructuredOutput};
+use crate::structured::StructuredOutput;
 use crate::{
     ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
     bound_diagnostic,
@@ -40,11 +40,9 @@ pub fn start_in_process(
         let depth = depth?;
         let parent = request.parent.clone();
         let mut own: Vec<Arc<dyn Tool>> = Vec::new();
-        let mut context = Vec::new();
         let captured = request.output_schema.clone().map(|schema| {
             let (tool, captured) = StructuredOutput::new(schema);
             own.push(tool);
-            context.push(Text::from(STRUCTURED_CONTEXT));
             captured
         });
         let options = birth::child_options(parent.options(), &request.agent_options, depth);
@@ -54,7 +52,7 @@ pub fn start_in_process(
             request.persona.clone(),
             request.tool_filter.clone(),
             own,
-            context,
+            Vec::new(),
         );
         let plan = ChildPlan {
             child: SessionId::new(),

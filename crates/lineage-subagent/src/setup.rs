@@ -14,7 +14,9 @@ use crate::{SubagentRuntime, lock};
 pub struct Installed {
     /// Tools only this child has. They stay visible whatever its tool filter says.
     pub tools: Vec<Arc<dyn Tool>>,
-    /// Runtime-context statements for its system prompt.
+    /// Runtime-context statements for its system prompt, for the whole activation. Guidance
+    /// that must leave with a tool when the contribution is removed belongs in
+    /// [`Tool::guidance`] instead.
     pub context: Vec<Text>,
 }
 
@@ -112,6 +114,9 @@ impl Tool for Revocable {
     }
     fn parallel_safe(&self, arguments: &serde_json::Value) -> bool {
         self.tool.parallel_safe(arguments)
+    }
+    fn guidance(&self) -> Option<&str> {
+        self.tool.guidance()
     }
     fn available(&self) -> bool {
         !self.revoked.load(Ordering::SeqCst) && self.tool.available()

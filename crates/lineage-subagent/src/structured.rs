@@ -10,8 +10,8 @@ use crate::schema;
 /// The capture tool's name.
 pub const STRUCTURED_OUTPUT: &str = "structured_output";
 
-/// The runtime-context statement of a child that must answer with a structured result.
-pub(crate) const STRUCTURED_CONTEXT: &str = "Your answer is a structured result: when it is \
+/// The system-prompt guidance of a child that must answer with a structured result.
+const STRUCTURED_GUIDANCE: &str = "Your answer is a structured result: when it is \
 complete, call the `structured_output` tool once, with arguments that match its parameter \
 schema exactly. A plain-text answer does not count as your result.";
 
@@ -48,6 +48,10 @@ impl Tool for StructuredOutput {
     fn description(&self) -> &str {
         "Records your final structured result. Call it exactly once, when the answer is complete, \
          with arguments that match the parameter schema exactly."
+    }
+
+    fn guidance(&self) -> Option<&str> {
+        Some(STRUCTURED_GUIDANCE)
     }
 
     fn input_schema(&self) -> serde_json::Value {

@@ -40,7 +40,7 @@ impl ContinuableSetup for ReportSetup {
                 runtime: runtime.clone(),
                 delivery: self.delivery,
             })],
-            context: vec![REPORT_GUIDANCE.into()],
+            context: Vec::new(),
         }
     }
 }
@@ -63,6 +63,10 @@ impl Tool for ReportTool {
          tool output or reasoning, so finishing your work is not a result by itself. Reporting \
          does not end your turn, and only your direct parent receives it. A failed call may \
          still have arrived, so do not repeat it blindly."
+    }
+
+    fn guidance(&self) -> Option<&str> {
+        Some(REPORT_GUIDANCE)
     }
 
     fn input_schema(&self) -> Value {

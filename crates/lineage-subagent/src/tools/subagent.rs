@@ -84,6 +84,8 @@ pub struct SubagentTool {
     config: SubagentToolConfig,
     /// The description for a spawn-like provider, then for a fork-like one.
     descriptions: [String; 2],
+    /// The system-prompt guidance of background delegation.
+    guidance: String,
 }
 
 impl std::fmt::Debug for SubagentTool {
@@ -157,6 +159,13 @@ impl SubagentTool {
                 format!("{SPAWN_DESCRIPTION}{suffix}"),
                 format!("{FORK_DESCRIPTION}{suffix}"),
             ],
+            guidance: format!(
+                "Run `{0}` in the background by default: start independent delegations together \
+                 in one message and keep working while they run. Set `run_in_background` to false \
+                 only when your next step needs that subagent's result. When a background run \
+                 settles, you get a notice with its outcome and its last message.",
+                config.tool_name
+            ),
             config,
         });
         if let Some(provider) = runtime.provider(&tool.config.provider) {
@@ -358,6 +367,10 @@ impl Tool for SubagentTool {
         true
     }
 
+    fn guidance(&self) -> Option<&str> {
+        self.offers_background().then_some(self.guidance.as_str())
+    }
+
     fn available(&self) -> bool {
         self.runtime
             .provider(&self.config.provider)
@@ -379,8 +392,9 @@ impl Tool for SubagentTool {
                     "both `description` and `prompt` must be non-empty strings",
                 );
             };
+            // Without the switch on offer, every call waits, as the description says.
             let background = match arguments.get("run_in_background") {
-                None | Some(Value::Null) => self.config.background == BackgroundMode::Continuable,
+                None | Some(Value::Null) => self.offers_background(),
                 Some(Value::Bool(wanted)) if self.offers_background() || !wanted => *wanted,
                 Some(Value::Bool(_)) => {
                     return ToolOutput::error(

@@ -1018,10 +1018,9 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
     h.assert_verified();
 }
 
-// ----- known bugs ----------------------------------------------------------------------------------
+// ----- guidance, defaults and cancellation ----------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: continuable mode with run_in_background disabled describes a waiting call but an omitted switch starts a background child"]
 async fn with_the_switch_disabled_an_omitted_switch_does_what_the_description_says() {
     let h = Harness::new();
     let tool = SubagentTool::new(
@@ -1064,7 +1063,6 @@ async fn with_the_switch_disabled_an_omitted_switch_does_what_the_description_sa
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: remove_continuable_setup unmounts `report` but leaves REPORT_GUIDANCE in resident children's system prompt"]
 async fn removing_the_report_setup_also_withdraws_its_guidance_from_a_resident_child() {
     let h = Harness::new();
     let setup = h
@@ -1098,7 +1096,6 @@ async fn removing_the_report_setup_also_withdraws_its_guidance_from_a_resident_c
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: followup ignores its cancellation while it waits for the child's lock or teardown, so send_message does not settle when its turn is cancelled"]
 async fn a_cancelled_turn_is_not_held_by_a_send_message_waiting_on_a_teardown() {
     let h = Harness::new();
     let slow_gate = Gate::new();

@@ -1190,7 +1190,15 @@ impl SubagentRuntime {
             },
         };
         let id = message.id;
-        let sent = if self.assert_admitting(&parent).is_err() {
+        // A parent in teardown (its runtime or subtree draining, its own activation closing, or
+        // its agent being disposed) gets the notice quietly: waking it would start a turn its
+        // teardown then has to wait for.
+        let tearing_down = self.assert_admitting(&parent).is_err()
+            || parent.is_disposing()
+            || self
+                .activation(parent.id())
+                .is_some_and(|owner| Arc::ptr_eq(&owner.agent, &parent) && owner.is_closing());
+        let sent = if tearing_down {
             parent
                 .inject(message)
                 .map_err(|e| SubagentError::agent(parent.id(), e))

@@ -19,8 +19,9 @@ use crate::{
 
 /// Starts a one-shot child in this process, forked from the parent through `fork_at` or fresh.
 ///
-/// The depth is checked before the returned future is first polled; the child is created (and
-/// its first events written) when it is.
+/// Everything taken from the parent (its depth, options and tools) is read now, when the
+/// delegation is asked for; the child is created (and its first events written) when the
+/// returned future runs, unless by then the request was cancelled or the parent is gone.
 pub fn start_in_process(
     resolved: ResolvedStart,
     fork_at: Option<u64>,
@@ -31,37 +32,43 @@ pub fn start_in_process(
         policy,
         agents,
     } = resolved;
-    let depth = if request.cancel.is_cancelled() {
-        Err(cancelled_before_publication(request.parent.id()))
+    let parent = request.parent.clone();
+    let planned = if request.cancel.is_cancelled() {
+        Err(cancelled_before_publication(parent.id()))
     } else {
-        birth::child_depth(&request.parent, request.max_depth)
+        birth::child_depth(&parent, request.max_depth).map(|depth| {
+            let mut own: Vec<Arc<dyn Tool>> = Vec::new();
+            let captured = request.output_schema.clone().map(|schema| {
+                let (tool, captured) = StructuredOutput::new(schema);
+                own.push(tool);
+                captured
+            });
+            let options = birth::child_options(parent.options(), &request.agent_options, depth);
+            let spec = birth::child_spec(
+                &parent,
+                options,
+                request.persona.clone(),
+                request.tool_filter.clone(),
+                own,
+                Vec::new(),
+            );
+            let plan = ChildPlan {
+                child: SessionId::new(),
+                depth,
+                fork_at,
+                descriptor,
+                policy,
+                spec,
+            };
+            (plan, captured)
+        })
     };
     Box::pin(async move {
-        let depth = depth?;
-        let parent = request.parent.clone();
-        let mut own: Vec<Arc<dyn Tool>> = Vec::new();
-        let captured = request.output_schema.clone().map(|schema| {
-            let (tool, captured) = StructuredOutput::new(schema);
-            own.push(tool);
-            captured
-        });
-        let options = birth::child_options(parent.options(), &request.agent_options, depth);
-        let spec = birth::child_spec(
-            &parent,
-            options,
-            request.persona.clone(),
-            request.tool_filter.clone(),
-            own,
-            Vec::new(),
-        );
-        let plan = ChildPlan {
-            child: SessionId::new(),
-            depth,
-            fork_at,
-            descriptor,
-            policy,
-            spec,
-        };
+        let (plan, captured) = planned?;
+        if request.cancel.is_cancelled() {
+            return Err(cancelled_before_publication(parent.id()));
+        }
+        birth::check_parent(&agents, &parent)?;
         let child = birth::create_child(&agents, &parent, plan).await?;
         Ok(one_shot_run(
             child,

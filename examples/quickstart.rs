@@ -78,6 +78,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             boundary: Some(5),
             time_ms: now as u64 + 7,
             delegation_depth: 0,
+            agent_preset: None,
         },
     )?;
     println!(

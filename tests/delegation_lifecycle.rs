@@ -67,6 +67,7 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
                 boundary: None,
                 time_ms: T0 as u64,
                 delegation_depth: 1,
+                agent_preset: None,
             },
         );
         assert!(
@@ -85,6 +86,7 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
                 boundary: Some(completed - 1),
                 time_ms: T0 as u64 + 100,
                 delegation_depth: 1,
+                agent_preset: None,
             },
             vec![
                 EventBody::from(descriptor),
@@ -193,6 +195,7 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
             boundary: None,
             time_ms: T0 as u64 + 200,
             delegation_depth: 2,
+            agent_preset: None,
         },
     )?;
     assert_eq!(store.descendants(parent)?, vec![child, grandchild]);

@@ -19,6 +19,7 @@ fn the_readme_tour_runs_as_written() -> Result<(), StoreError> {
         boundary: None,
         time_ms: now_ms,
         delegation_depth: 1,
+        agent_preset: None,
     };
     let child = store.fork(id, &spec)?;
     assert_eq!(child.seed_len, 2);

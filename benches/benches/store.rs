@@ -76,6 +76,7 @@ fn fork(c: &mut Criterion) {
                 boundary: Some(boundary),
                 time_ms: 1_780_000_000_000,
                 delegation_depth: 1,
+                agent_preset: None,
             };
             black_box(store.fork(fixture.session, &spec).expect("fork"))
         })

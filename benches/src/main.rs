@@ -364,6 +364,7 @@ fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) {
                     boundary: Some(boundary),
                     time_ms: 1_780_000_000_000,
                     delegation_depth: 1,
+                    agent_preset: None,
                 },
             )
             .expect("fork")

@@ -93,8 +93,8 @@ pub enum Seed {
 /// Everything `create` needs.
 #[derive(Clone, Debug)]
 pub struct CreateAgent {
-    /// The new session's header. For a fork only its id, creation time and `cwd` are used: the
-    /// rest is folded from the fork's lineage.
+    /// The new session's header. For a fork only its id, creation time and agent preset are
+    /// used: `cwd` is the parent's and the rest is folded from the fork's lineage.
     pub header: Header,
     /// The history it starts from.
     pub seed: Seed,
@@ -338,6 +338,7 @@ impl Agents {
                     boundary,
                     time_ms: header.created_at_ms,
                     delegation_depth,
+                    agent_preset: header.agent_preset.clone(),
                 };
                 let store = self.inner.store.clone();
                 let header = blocking(move || {

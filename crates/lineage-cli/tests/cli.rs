@@ -263,6 +263,7 @@ fn fixture() -> Fixture {
                 boundary: None,
                 time_ms: T0 + 60_000,
                 delegation_depth: 1,
+                agent_preset: None,
             },
             vec![
                 EventBody::from(descriptor),
@@ -293,6 +294,7 @@ fn fixture() -> Fixture {
                 boundary: Some(12),
                 time_ms: T0 + 120_000,
                 delegation_depth: 0,
+                agent_preset: None,
             },
         )
         .unwrap();

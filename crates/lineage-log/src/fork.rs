@@ -3,7 +3,7 @@
 use crate::rules::{check_seed, last_turn_marker, resolve_fork_boundary};
 use crate::{
     Chain, Encoder, Event, EventBody, EventKind, Header, LogError, Origin, SessionId,
-    SessionLineage,
+    SessionLineage, Text,
 };
 
 /// How to create a fork's child.
@@ -17,6 +17,9 @@ pub struct ForkSpec {
     pub time_ms: u64,
     /// The child's delegation depth (0 for a plain fork; the parent's depth + 1 for a subagent).
     pub delegation_depth: u32,
+    /// The child's agent preset. A plain fork names none; a delegated child carries the one its
+    /// parent runs with.
+    pub agent_preset: Option<Text>,
 }
 
 impl ForkSpec {
@@ -113,6 +116,7 @@ pub fn child_header(parent: &Header, spec: &ForkSpec, lineage: &SessionLineage) 
         seed_len: lineage.seed_len,
         delegation_depth: lineage.delegation_depth,
         seed_digest: Some(lineage.seed_digest),
+        agent_preset: spec.agent_preset.clone(),
         ..Header::new(spec.child, spec.time_ms)
     }
 }

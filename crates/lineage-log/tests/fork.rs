@@ -25,6 +25,7 @@ fn spec(boundary: Option<u64>) -> ForkSpec {
         boundary,
         time_ms: 9_000,
         delegation_depth: 0,
+        agent_preset: None,
     }
 }
 

@@ -219,6 +219,7 @@ proptest! {
             boundary: Some(seed_len as u64 - 1),
             time_ms: 77,
             delegation_depth: 1,
+            agent_preset: None,
         };
         let before = events.clone();
         let forked = fork_session(&parent, &events, &spec).unwrap();
@@ -248,6 +249,7 @@ proptest! {
             boundary: Some(boundary as u64),
             time_ms: 77,
             delegation_depth: 0,
+            agent_preset: None,
         };
         let prefix = &events[..=boundary];
         match fork_session(&parent, &events, &spec) {

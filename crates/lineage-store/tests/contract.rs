@@ -40,6 +40,7 @@ fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
         boundary,
         time_ms: T0 + 5_000,
         delegation_depth: 0,
+        agent_preset: None,
     }
 }
 
@@ -647,6 +648,7 @@ fn fork_copies_the_prefix_verbatim_then_writes_session_lineage() {
             boundary: Some(seed_len as u64 - 1),
             time_ms: T0 + 77,
             delegation_depth: 2,
+            agent_preset: None,
         };
         let header = store.fork(parent, &spec).unwrap();
         let expected = fork_session(&parent_header, &log, &spec).unwrap();
@@ -1359,6 +1361,7 @@ fn fork_with_setup_writes_the_setup_after_lineage_in_the_same_commit() {
         boundary: Some(5),
         time_ms: T0 + 9,
         delegation_depth: 1,
+        agent_preset: None,
     };
     let forked = store.fork_with_setup(parent, &spec, setup).unwrap();
     assert_eq!(forked.origin, Some(Origin::Subagent));

@@ -186,6 +186,7 @@ fn a_fork_before_the_damaged_block_succeeds_and_one_through_it_is_refused() {
         boundary: Some(boundary),
         time_ms: T0,
         delegation_depth: 0,
+        agent_preset: None,
     };
     // Seqs 0..12 sit in intact blocks.
     let ok = spec(11);
@@ -267,6 +268,7 @@ fn sample_store(path: &Path) {
                     boundary: Some(n - 1),
                     time_ms: T0,
                     delegation_depth: 1,
+                    agent_preset: None,
                 },
             )
             .unwrap();
@@ -387,6 +389,7 @@ fn verify_names_a_missing_or_stray_children_index_and_a_stale_header_field() {
                     boundary: Some(5),
                     time_ms: T0,
                     delegation_depth: 1,
+                    agent_preset: None,
                 },
             )
             .unwrap();
@@ -525,6 +528,7 @@ fn verify_names_a_child_whose_inherited_prefix_is_not_its_parents() {
                     boundary: None,
                     time_ms: T0,
                     delegation_depth: 0,
+                    agent_preset: None,
                 },
             )
             .unwrap();

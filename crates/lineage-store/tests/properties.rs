@@ -313,6 +313,7 @@ proptest! {
             boundary: Some(seed_len as u64 - 1),
             time_ms: T0 + 1,
             delegation_depth: 1,
+            agent_preset: None,
         };
         let header = store.fork(parent, &spec).unwrap();
         let digest = digest_of(&log[..seed_len]);

@@ -841,9 +841,6 @@ async fn a_child_keeps_its_parents_working_directory_and_a_spawn_child_its_prese
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: a fork child loses its parent's agent preset (a spawn child keeps it): the \
-            registry's fork path builds the header from the lineage and drops the preset that \
-            child birth passes"]
 async fn a_fork_child_keeps_its_parents_agent_preset() {
     let h = Harness::new();
     h.parent_model().push([Response::text("first answer")]);

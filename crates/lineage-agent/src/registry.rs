@@ -238,9 +238,28 @@ impl Agents {
         })
     }
 
-    fn publish(&self, mut reservation: Reservation<'_>, agent: &Arc<Agent>) {
+    /// Builds the idle agent over `log` and makes it the live agent under its reserved id.
+    fn publish(
+        &self,
+        mut reservation: Reservation<'_>,
+        header: Header,
+        options: AgentOptions,
+        log: Log,
+        (config, tools): (Config, Toolset),
+    ) -> Result<Arc<Agent>, AgentError> {
+        let agent = Agent::new(
+            header,
+            options,
+            log,
+            config,
+            tools,
+            self.inner.store.clone(),
+            Handle::current(),
+            Arc::downgrade(&self.inner),
+        )?;
         lock(&self.inner.slots).insert(agent.id(), Slot::Live(agent.clone()));
         reservation.published = true;
+        Ok(agent)
     }
 
     fn config(&self, id: SessionId, spec: &AgentSpec) -> Result<(Config, Toolset), AgentError> {
@@ -354,17 +373,7 @@ impl Agents {
                 (header, log)
             }
         };
-        let agent = Agent::new(
-            header,
-            spec.options,
-            log,
-            config,
-            tools,
-            self.inner.store.clone(),
-            Handle::current(),
-            Arc::downgrade(&self.inner),
-        )?;
-        self.publish(reservation, &agent);
+        let agent = self.publish(reservation, header, spec.options, log, (config, tools))?;
         tracing::debug!(agent = %id, "agent created");
         Ok(agent)
     }
@@ -382,17 +391,13 @@ impl Agents {
             .map_err(|source| AgentError::Store { agent: id, source })?;
         let log = Log::from_seed(loaded.events)
             .map_err(|source| AgentError::Log { agent: id, source })?;
-        let agent = Agent::new(
+        let agent = self.publish(
+            reservation,
             loaded.header,
             spec.options,
             log,
-            config,
-            tools,
-            self.inner.store.clone(),
-            Handle::current(),
-            Arc::downgrade(&self.inner),
+            (config, tools),
         )?;
-        self.publish(reservation, &agent);
         tracing::debug!(agent = %id, "agent resumed");
         Ok(agent)
     }

@@ -376,6 +376,8 @@ fn ls_lists_every_session_with_its_facts() {
         "EVENTS",
         "TURNS",
         "LAST STOP",
+        "OPEN TURN",
+        "SIZE",
     ] {
         assert!(first.contains(column), "{first}");
     }
@@ -423,6 +425,16 @@ fn ls_lists_every_session_with_its_facts() {
     assert_eq!(open["open_turn"], 2);
     assert_eq!(open["turns"], 2);
     assert_eq!(open["last_stop"], "completed");
+    // Every session's size is its blocks' bytes: together, the store's.
+    let sizes: u64 = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["bytes"].as_u64().expect("a size"))
+        .sum();
+    let stats = Store::open_read_only(&f.path).unwrap().stats().unwrap();
+    assert_eq!(sizes, stats.block_bytes);
+    assert!(root["bytes"].as_u64().unwrap() > 0);
 }
 
 #[test]

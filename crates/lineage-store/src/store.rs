@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
-    SessionRecord,
+    SessionRecord, session_blocks,
 };
 use crate::read::{read_from, read_log, read_record};
 use crate::writer::{self, PendingBlock, Queue, Tail};
@@ -648,6 +648,21 @@ impl Store {
         guard(|| {
             let record = read_record(&self.begin_read()?, session)?;
             Ok(info_of(record))
+        })
+    }
+
+    /// The bytes a stored session's blocks take (record bytes plus each block's small header).
+    /// One range scan over the session's blocks, without decoding them.
+    pub fn session_bytes(&self, session: SessionId) -> Result<u64> {
+        guard(|| {
+            let txn = self.begin_read()?;
+            let table = txn.open_table(EVENTS)?;
+            let mut bytes = 0u64;
+            for entry in table.range(session_blocks(session))? {
+                let (_, value) = entry?;
+                bytes += value.value().len() as u64;
+            }
+            Ok(bytes)
         })
     }
 

@@ -1,9 +1,8 @@
 //! `lineage ls`: one row per session.
 //!
-//! The size of each session's records is not shown: the store keeps no per-session byte count, and
-//! summing it would mean reading every session whole (`lineage stats` gives the store's bytes by
-//! event kind instead). Turns, the last stop reason and the open turn come from the tail of each
-//! log only, so listing stays cheap on large stores.
+//! Turns, the last stop reason and the open turn come from the tail of each log only. A session's
+//! size is the sum of its stored blocks' lengths: one range scan per session that reads the
+//! blocks' pages but decodes nothing (`lineage stats` breaks the bytes down by event kind).
 
 use std::io::Write;
 
@@ -24,15 +23,16 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let mut rows = Vec::with_capacity(sessions.len());
     let mut unreadable = Vec::new();
     for info in &sessions {
+        let size = opened.store.session_bytes(info.header.id).ok();
         match ending(&opened, info) {
-            Ok(end) => rows.push((info, Some(end))),
+            Ok(end) => rows.push((info, Some(end), size)),
             // A write failing mid-output is no session's fault.
             Err(e @ CliError::Output(_)) => return Err(e),
             // One damaged or newer session does not hide the others: its row says so, and the
             // exit code reports it after the listing.
             Err(e) => {
                 unreadable.push(e);
-                rows.push((info, None));
+                rows.push((info, None, size));
             }
         }
     }
@@ -40,7 +40,7 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     if args.output.json {
         let items: Vec<Value> = rows
             .iter()
-            .map(|(info, end)| {
+            .map(|(info, end, size)| {
                 let h = &info.header;
                 json!({
                     "id": h.id.to_string(),
@@ -53,6 +53,7 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
                     "cwd": h.cwd.as_deref(),
                     "agent_preset": h.agent_preset.as_deref(),
                     "events": info.len,
+                    "bytes": size,
                     "turns": end.as_ref().map(|e| e.turns),
                     "last_stop": end.as_ref().and_then(|e| e.last_stop.as_ref()).map(stop_label),
                     "open_turn": end.as_ref().and_then(|e| e.open_turn),
@@ -73,10 +74,11 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
                 "TURNS",
                 "LAST STOP",
                 "OPEN TURN",
+                "SIZE",
             ],
-            &["DEPTH", "EVENTS", "TURNS"],
+            &["DEPTH", "EVENTS", "TURNS", "SIZE"],
         );
-        for (info, end) in &rows {
+        for (info, end, size) in &rows {
             let h = &info.header;
             let (turns, stop, open) = match end {
                 Some(Ending {
@@ -100,6 +102,7 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
                 turns,
                 stop,
                 open,
+                size.map_or("?".to_owned(), human_bytes),
             ]);
         }
         table.write(out)?;
@@ -124,4 +127,33 @@ fn origin_name(origin: Option<Origin>) -> Option<&'static str> {
     origin.map(|o| match o {
         Origin::Subagent => "subagent",
     })
+}
+
+/// `bytes` in B, KiB, MiB or GiB, one decimal above bytes.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn sizes_are_shown_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024), "5.0 MiB");
+        assert_eq!(human_bytes(3 << 40), "3072.0 GiB");
+    }
 }

@@ -39,6 +39,9 @@ use crate::error::{CliError, EXIT_OK};
 /// The default store file, in the working directory.
 pub const DEFAULT_STORE: &str = "lineage-demo.lineage";
 
+/// How long one step of the story may take before the demo gives up.
+const STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
 const LEAD: &str = "lead";
 const WORKER: &str = "worker";
 const REVIEWER: &str = "reviewer";
@@ -285,8 +288,26 @@ impl Host {
         });
     }
 
-    /// Prints lines until the lead is idle with nothing pending and no child is resident.
+    /// Prints lines until the lead is idle with nothing pending and no child is resident. The
+    /// scripted run takes milliseconds; a step that has not settled within [`STALL`] is a
+    /// failure, reported rather than waited on forever.
     async fn settle(
+        &self,
+        lead: &Arc<Agent>,
+        rx: &mut mpsc::UnboundedReceiver<Line>,
+        out: &mut dyn Write,
+    ) -> Result<(), CliError> {
+        tokio::time::timeout(STALL, self.settle_quietly(lead, rx, out))
+            .await
+            .map_err(|_| {
+                CliError::Demo(format!(
+                    "the run did not settle within {} seconds",
+                    STALL.as_secs()
+                ))
+            })?
+    }
+
+    async fn settle_quietly(
         &self,
         lead: &Arc<Agent>,
         rx: &mut mpsc::UnboundedReceiver<Line>,

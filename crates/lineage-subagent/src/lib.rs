@@ -8,8 +8,10 @@
 //! its depth, policy and descriptor can always be folded from its own log.
 //!
 //! A one-shot run ([`SubagentRun`]) resolves with a [`SubagentResult`] for every way the child
-//! can end; only infrastructure faults are errors. The model delegates through
-//! [`tools::SubagentTool`].
+//! can end; only infrastructure faults are errors. A continuable child
+//! ([`SubagentRuntime::start_continuable`]) keeps its conversation: its parent sends it
+//! follow-ups, interrupts it, hears its reports and, when it settles, a notice; after a restart a
+//! follow-up resumes it from its log alone. The model reaches all of it through [`tools`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -880,3 +880,48 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
     );
     h.runtime.drain().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_notice_landing_while_the_parent_runs_turn_after_turn_is_claimed_without_another_wake() {
+    let h = Harness::new();
+    let child_gate = Gate::new();
+    h.model("worker")
+        .push([Response::text("child answer").gated(&child_gate)]);
+    // The child is released while the parent answers its first turn, so it settles while the
+    // parent closes that turn and opens the next one.
+    let release = child_gate.clone();
+    h.parent_model().push([
+        Response::compute(move |_| {
+            release.open();
+            Response::text("first")
+        }),
+        Response::text("second"),
+        Response::text("third"),
+        Response::text("fourth"),
+    ]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker", "go"))
+        .await
+        .unwrap();
+    parent.followup(user("one")).unwrap();
+    parent.followup(user("two")).unwrap();
+    received(&mut parent_events, is_notice).await;
+    within(parent.when_idle()).await;
+    let events = parent.events();
+    let notices: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(&e.body, EventBody::UserMessage(m)
+            if matches!(m.source, MessageSource::SubagentSettled { sender, .. } if sender == started.child)))
+        .collect();
+    assert_eq!(notices.len(), 1, "the notice entered the history once");
+    assert!(!parent.has_pending(), "nothing is left parked");
+    assert!(
+        turn_ends(&events)
+            .iter()
+            .all(|r| *r == TurnEndReason::Completed)
+    );
+    assert_balanced(&events);
+}

@@ -135,6 +135,8 @@ pub struct Agent {
     /// `true` while no driver runs. Set `false` synchronously when a wake starts one, and `true`
     /// only when a driver exits with no replacement, so `when_idle` follows replacement drivers.
     idle: watch::Sender<bool>,
+    /// Bumped on every status change and inbox change (see [`Agent::changes`]).
+    changes: watch::Sender<u64>,
     disposal: Mutex<Option<watch::Receiver<bool>>>,
     registry: Weak<Registry>,
 }
@@ -198,6 +200,7 @@ impl Agent {
                 subscribers: Vec::new(),
             }),
             idle: watch::Sender::new(true),
+            changes: watch::Sender::new(0),
             disposal: Mutex::new(None),
             registry,
         }))
@@ -498,6 +501,13 @@ impl Agent {
         }
     }
 
+    /// A counter bumped whenever the status or the inbox changes (a message inserted, claimed or
+    /// discarded): for a waiter that only needs to know when to look again. Unlike
+    /// [`Agent::subscribe`] it copies no events, so it costs the turn loop nothing per append.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
     /// Waits until everything the agent has appended is durable.
     pub async fn flush(&self) -> Result<(), AgentError> {
         let store = self.store.clone();
@@ -536,6 +546,7 @@ impl Agent {
             })?;
         self.append_locked(st, splice.clone().into())?;
         let removed = st.inbox.apply(&splice);
+        self.changed();
         if discard {
             for message in &removed {
                 publish(
@@ -718,7 +729,12 @@ impl Agent {
         self.runtime.spawn(turn::drive(agent, opened));
     }
 
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     fn publish_status(&self, st: &mut State, status: AgentStatus) {
+        self.changed();
         publish(
             st,
             AgentEvent::Status {

@@ -878,3 +878,27 @@ async fn a_host_records_policy_and_custom_events_but_not_runtime_events() {
     agent.flush().await.unwrap();
     assert_stored(&h.store, &agent);
 }
+
+#[tokio::test(start_paused = true)]
+async fn changes_count_status_and_inbox_changes_without_copying_events() {
+    let h = Harness::new([Response::text("hi")]);
+    let agent = h.agent().await;
+    let mut changes = agent.changes();
+    agent.inject(user("context")).unwrap();
+    assert!(changes.has_changed().unwrap(), "an insert is a change");
+    changes.borrow_and_update();
+    agent.followup(user("go")).unwrap();
+    // The insert, running and the claims happen before `followup` returns; going idle is
+    // one more change.
+    let before = *changes.borrow_and_update();
+    agent.when_idle().await;
+    assert_eq!(*changes.borrow(), before + 1, "going idle");
+    let after = *changes.borrow_and_update();
+    agent
+        .record(lineage_log::SandboxMode {
+            mode: "read-only".into(),
+            source: lineage_log::PolicySource::Own,
+        })
+        .unwrap();
+    assert_eq!(*changes.borrow(), after, "other events are not changes");
+}

@@ -42,6 +42,24 @@ pub fn child_depth(parent: &Agent, max_depth: Option<u32>) -> Result<u32, Subage
     }
 }
 
+/// Refuses a tool filter that names neither allowed nor denied tools: it would filter nothing,
+/// and a continuable child's descriptor could not record it. `owner` says whose filter it is.
+pub(crate) fn check_tool_filter(
+    filter: Option<&ToolFilter>,
+    owner: &str,
+) -> Result<(), SubagentError> {
+    match filter {
+        Some(f) if f.allow.is_none() && f.deny.is_none() => Err(SubagentError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "{owner}: the tool filter names neither allowed nor denied tools; remove it or \
+                 fill it in"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The child's options: the parent's provider, model and token limit unless the request sets
 /// them, and always the child's depth.
 pub fn child_options(parent: &AgentOptions, requested: &ChildOptions, depth: u32) -> AgentOptions {

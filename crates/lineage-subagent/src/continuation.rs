@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::{Agent, AgentEvent, AgentOptions, AgentStatus, Cancellation};
+use lineage_agent::{Agent, AgentOptions, AgentStatus, Cancellation};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
     Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
@@ -71,13 +71,10 @@ struct ClosingScope {
 
 /// One residency epoch of a continuable child.
 pub(crate) struct Activation {
-    child: SessionId,
-    /// The durable direct parent.
-    parent_session: SessionId,
     agent: Arc<Agent>,
     /// The child and the live lineage of its parent when it became resident: who may interrupt.
     ancestry: Vec<Weak<Agent>>,
-    /// This epoch's identity in lifecycle events.
+    /// This epoch's identity in lifecycle events; its `parent` is the durable direct parent.
     run: RunInfo,
     /// Where this epoch's own events start.
     boundary: usize,
@@ -99,6 +96,10 @@ struct ActivationState {
 }
 
 impl Activation {
+    fn child(&self) -> SessionId {
+        self.run.child
+    }
+
     fn poke(&self) {
         self.poke.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -242,19 +243,20 @@ impl Drop for ChildGuard {
     }
 }
 
-/// How an activation comes to be.
-enum Materialize {
-    Fresh(Box<FreshChild>),
-    Resume { options: AgentOptions },
+/// How an activation comes to be: the descriptor (provider name, persona, tool filter) and the
+/// options the agent runs with, and for a new child how it is born; without a birth the child
+/// is resumed from the store.
+struct Materialize {
+    descriptor: SubagentDescriptor,
+    options: AgentOptions,
+    birth: Option<Birth>,
 }
 
-/// Everything that decides a new continuable child, fixed when the start is asked for.
-struct FreshChild {
+/// How a new continuable child is born, fixed when the start is asked for.
+struct Birth {
     depth: u32,
     fork_at: Option<u64>,
-    descriptor: SubagentDescriptor,
     policy: crate::DelegatedPolicy,
-    options: AgentOptions,
 }
 
 fn unauthorized(message: String) -> SubagentError {
@@ -429,7 +431,7 @@ impl SubagentRuntime {
         let prepared = self.prepare_continuable(provider, &request);
         let runtime = self.clone();
         async move {
-            let (child, fresh) = prepared?;
+            let (child, how) = prepared?;
             let parent = request.parent.clone();
             let _guard = tokio::select! {
                 guard = runtime.child_lock(child) => guard,
@@ -454,18 +456,8 @@ impl SubagentRuntime {
                     ));
                 }
             }
-            let provider_name = fresh.descriptor.provider.clone();
-            let composition = (request.persona.clone(), request.tool_filter.clone());
-            let how = Materialize::Fresh(Box::new(fresh));
             let activation = runtime
-                .materialize(
-                    &parent,
-                    child,
-                    provider_name,
-                    how,
-                    composition,
-                    &request.cancel,
-                )
+                .materialize(&parent, child, how, &request.cancel)
                 .await?;
             let message = runtime
                 .submit_materialized(
@@ -485,22 +477,14 @@ impl SubagentRuntime {
         &self,
         provider_name: &str,
         request: &ContinuableRequest,
-    ) -> Result<(SessionId, FreshChild), SubagentError> {
+    ) -> Result<(SessionId, Materialize), SubagentError> {
         let parent = &request.parent;
         self.assert_admitting(parent)?;
         birth::check_parent(self.agents(), parent)?;
         let child = request.child.unwrap_or_default();
         self.child_id_available(child)?;
         let depth = birth::child_depth(parent, request.max_depth)?;
-        if let Some(filter) = &request.tool_filter
-            && filter.allow.is_none()
-            && filter.deny.is_none()
-        {
-            return Err(SubagentError::new(
-                ErrorCode::InvalidRequest,
-                "a continuable child's tool filter must name allowed or denied tools",
-            ));
-        }
+        birth::check_tool_filter(request.tool_filter.as_ref(), "a continuable child")?;
         let options = birth::child_options(parent.options(), &request.agent_options, depth);
         let descriptor = SubagentDescriptor {
             label: Some(request.label.clone()),
@@ -526,12 +510,14 @@ impl SubagentRuntime {
         })?;
         Ok((
             child,
-            FreshChild {
-                depth,
-                fork_at: spec.fork_at,
+            Materialize {
                 descriptor,
-                policy,
                 options,
+                birth: Some(Birth {
+                    depth,
+                    fork_at: spec.fork_at,
+                    policy,
+                }),
             },
         ))
     }
@@ -543,9 +529,7 @@ impl SubagentRuntime {
         &self,
         parent: &Arc<Agent>,
         child: SessionId,
-        provider: Text,
         how: Materialize,
-        (persona, filter): (Option<Text>, Option<ToolFilter>),
         cancel: &Cancellation,
     ) -> Result<Arc<Activation>, SubagentError> {
         self.assert_admitting(parent)?;
@@ -565,9 +549,7 @@ impl SubagentRuntime {
             ticket
         };
         let result = self
-            .materialize_tracked(
-                parent, child, provider, how, persona, filter, lineage, cancel,
-            )
+            .materialize_tracked(parent, child, how, lineage, cancel)
             .await;
         lock(&self.continuation().state)
             .materializations
@@ -576,15 +558,11 @@ impl SubagentRuntime {
         result
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn materialize_tracked(
         &self,
         parent: &Arc<Agent>,
         child: SessionId,
-        provider: Text,
         how: Materialize,
-        persona: Option<Text>,
-        filter: Option<ToolFilter>,
         lineage: Vec<Arc<Agent>>,
         cancel: &Cancellation,
     ) -> Result<Arc<Activation>, SubagentError> {
@@ -592,16 +570,26 @@ impl SubagentRuntime {
             return Err(cancelled_before_publication(parent.id()));
         }
         let Installed { tools, context } = self.install_setups(child);
-        let agent = match how {
-            Materialize::Fresh(fresh) => {
-                let FreshChild {
-                    depth,
-                    fork_at,
-                    descriptor,
-                    policy,
-                    options,
-                } = *fresh;
-                let spec = birth::child_spec(parent, options, persona, filter, tools, context);
+        let Materialize {
+            descriptor,
+            options,
+            birth: born,
+        } = how;
+        let provider = descriptor.provider.clone();
+        let spec = birth::child_spec(
+            parent,
+            options,
+            descriptor.persona.clone(),
+            descriptor.tool_filter.clone(),
+            tools,
+            context,
+        );
+        let agent = match born {
+            Some(Birth {
+                depth,
+                fork_at,
+                policy,
+            }) => {
                 let plan = ChildPlan {
                     child,
                     depth,
@@ -612,22 +600,17 @@ impl SubagentRuntime {
                 };
                 birth::create_child(self.agents(), parent, plan).await?
             }
-            Materialize::Resume { options } => {
-                let spec = birth::child_spec(parent, options, persona, filter, tools, context);
-                self.agents().resume(child, spec).await.map_err(|e| {
-                    SubagentError::new(
-                        ErrorCode::NotResumable,
-                        format!("subagent {child} is unavailable"),
-                    )
-                    .with_source(e)
-                })?
-            }
+            None => self.agents().resume(child, spec).await.map_err(|e| {
+                SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!("subagent {child} is unavailable"),
+                )
+                .with_source(e)
+            })?,
         };
         let mut ancestry = vec![Arc::downgrade(&agent)];
         ancestry.extend(lineage.iter().map(Arc::downgrade));
         let activation = Arc::new(Activation {
-            child,
-            parent_session: parent.id(),
             run: RunInfo {
                 run: RunId::new(),
                 provider,
@@ -654,24 +637,6 @@ impl SubagentRuntime {
             self.rollback_unpublished(&activation).await;
             return Err(error);
         }
-        // Every status change, claim and discard is a reason to look at residency again.
-        let mut events = activation.agent.subscribe();
-        let watched = Arc::downgrade(&activation);
-        tokio::spawn(async move {
-            while let Some(event) = events.recv().await {
-                if matches!(
-                    event,
-                    AgentEvent::Status { .. }
-                        | AgentEvent::InboxClaimed { .. }
-                        | AgentEvent::InboxDiscarded { .. }
-                ) {
-                    match watched.upgrade() {
-                        Some(activation) => activation.poke(),
-                        None => break,
-                    }
-                }
-            }
-        });
         self.emit(&Lifecycle::Start(activation.run.clone()));
         tokio::spawn(self.clone().watch_settlement(activation.clone()));
         Ok(activation)
@@ -683,7 +648,7 @@ impl SubagentRuntime {
         lock(&activation.st).disposal = Some(rx);
         activation.agent.dispose().await;
         self.forget(activation);
-        self.release_ownership(activation.child);
+        self.release_ownership(activation.child());
         drop(tx);
     }
 
@@ -691,10 +656,10 @@ impl SubagentRuntime {
         let mut st = lock(&self.continuation().state);
         if st
             .activations
-            .get(&activation.child)
+            .get(&activation.child())
             .is_some_and(|a| Arc::ptr_eq(a, activation))
         {
-            st.activations.remove(&activation.child);
+            st.activations.remove(&activation.child());
         }
     }
 
@@ -733,7 +698,7 @@ impl SubagentRuntime {
                 ErrorCode::Cancelled,
                 format!(
                     "the message to subagent {} was cancelled before it was accepted",
-                    activation.child
+                    activation.child()
                 ),
             ));
         }
@@ -743,12 +708,12 @@ impl SubagentRuntime {
                 ErrorCode::ActivationClosing,
                 format!(
                     "subagent {} is being torn down; the message was not accepted",
-                    activation.child
+                    activation.child()
                 ),
             ));
         }
-        self.authorize_lineage(parent, activation.child, activation.agent.header().parent)?;
-        self.acquire_ownership(parent, activation.child)?;
+        self.authorize_lineage(parent, activation.child(), activation.agent.header().parent)?;
+        self.acquire_ownership(parent, activation.child())?;
         let message = Message {
             id: MessageId::new(),
             role: Role::User,
@@ -893,14 +858,15 @@ impl SubagentRuntime {
             // The stored lineage is the floor; the runtime asks for nothing more.
             subagent_depth: 0,
         };
-        let composition = (descriptor.persona.clone(), descriptor.tool_filter.clone());
         let activation = self
             .materialize(
                 parent,
                 child,
-                descriptor.provider.clone(),
-                Materialize::Resume { options },
-                composition,
+                Materialize {
+                    descriptor,
+                    options,
+                    birth: None,
+                },
                 cancel,
             )
             .await?;
@@ -1035,20 +1001,25 @@ impl SubagentRuntime {
 
     // ----- settlement and teardown --------------------------------------------------------------------
 
-    /// Waits until the activation settles, then tears it down.
+    /// Waits until the activation settles, then tears it down. It looks again whenever the
+    /// agent goes idle, its status or inbox changes (a claim or a discard settles accepted
+    /// work), or the manager pokes it (ownership released, work admitted).
     async fn watch_settlement(self, activation: Arc<Activation>) {
         let mut poked = activation.poke.subscribe();
+        let mut changed = activation.agent.changes();
         loop {
             poked.borrow_and_update();
+            changed.borrow_and_update();
             if activation.is_closing() {
                 return;
             }
             tokio::select! {
                 () = activation.agent.when_idle() => {}
                 _ = poked.changed() => {}
+                _ = changed.changed() => {}
             }
             let disposal = {
-                let _guard = self.child_lock(activation.child).await;
+                let _guard = self.child_lock(activation.child()).await;
                 if activation.is_closing() {
                     return;
                 }
@@ -1060,13 +1031,16 @@ impl SubagentRuntime {
             match disposal {
                 Some(disposal) => {
                     if let Err(error) = wait(disposal).await {
-                        tracing::warn!(child = %activation.child, %error, "activation teardown failed");
+                        tracing::warn!(child = %activation.child(), %error, "activation teardown failed");
                     }
                     return;
                 }
                 None => {
                     if activation.agent.status() != AgentStatus::Running {
-                        let _ = poked.changed().await;
+                        tokio::select! {
+                            _ = poked.changed() => {}
+                            _ = changed.changed() => {}
+                        }
                     }
                 }
             }
@@ -1088,12 +1062,12 @@ impl SubagentRuntime {
         };
         activation.poke();
         if let Err(error) = activation.agent.cancel(AbortCause::Parent, false) {
-            tracing::warn!(child = %activation.child, %error, "cancelling the child failed");
+            tracing::warn!(child = %activation.child(), %error, "cancelling the child failed");
         }
         let owned: Vec<SessionId> = lock(&activation.st).owned.iter().copied().collect();
-        let children: Vec<(SessionId, Disposal)> = owned
+        let children: Vec<Disposal> = owned
             .into_iter()
-            .filter_map(|id| self.activation(id).map(|a| (id, self.open_disposal(&a))))
+            .filter_map(|id| self.activation(id).map(|a| self.open_disposal(&a)))
             .collect();
         let runtime = self.clone();
         let activation = activation.clone();
@@ -1104,25 +1078,20 @@ impl SubagentRuntime {
         rx
     }
 
+    /// The rest of a teardown, in order: the children's teardowns, quiescence, the final flush
+    /// (a failure is only logged), the epoch's terminal facts, disposal of the agent, the
+    /// activation forgotten, the notice, ownership released, `subagent/end`. Only a child's
+    /// failed teardown fails this one, and it is still carried through to the end.
     async fn finish_disposal(
         &self,
         activation: &Arc<Activation>,
-        children: Vec<(SessionId, Disposal)>,
+        children: Vec<Disposal>,
     ) -> Result<(), SubagentError> {
-        let id = activation.child;
-        let mut failures = Vec::new();
-        let mut child_failures = Vec::new();
-        for (_, disposal) in children {
-            if let Err(error) = wait(disposal).await {
-                child_failures.push(error.to_string());
-            }
-        }
-        if !child_failures.is_empty() {
-            failures.push(format!(
-                "subagent {id}: child teardown failed: {}",
-                child_failures.join("; ")
-            ));
-        }
+        let id = activation.child();
+        let failure = aggregate(children, "child activation(s)")
+            .await
+            .err()
+            .map(|e| teardown_failed(format!("subagent {id}: {e}")));
         activation.agent.when_idle().await;
         if let Err(error) = activation.agent.flush().await {
             tracing::warn!(child = %id, %error, "the final flush of a settled child failed; its stored state may be stale on resume");
@@ -1135,16 +1104,8 @@ impl SubagentRuntime {
             }
         });
         activation.agent.dispose().await;
-        let failure = match failures.len() {
-            0 => None,
-            1 => Some(teardown_failed(failures.remove(0))),
-            n => Some(teardown_failed(format!(
-                "subagent {id}: teardown failed at {n} points: {}",
-                failures.join("; ")
-            ))),
-        };
         self.forget(activation);
-        let terminal = match failure {
+        let terminal = match &failure {
             Some(_) => Terminal {
                 stop_reason: StopReason::Error,
                 output: Vec::new(),
@@ -1168,10 +1129,10 @@ impl SubagentRuntime {
         if !lock(&activation.st).announced {
             return;
         }
-        let Some(parent) = self.agents().get(activation.parent_session) else {
+        let Some(parent) = self.agents().get(activation.run.parent) else {
             return;
         };
-        let child = activation.child;
+        let child = activation.child();
         let summary = settlement_summary(child, &terminal.stop_reason);
         let mut content = vec![ContentBlock::text(summary.clone())];
         if terminal.output.is_empty() {
@@ -1230,7 +1191,7 @@ impl SubagentRuntime {
         for mut settled in pending {
             let _ = settled.wait_for(|s| *s).await;
         }
-        let roots = self.roots(|_| true);
+        let roots = self.roots();
         self.dispose_all(roots, "activation(s)").await
     }
 
@@ -1284,10 +1245,8 @@ impl SubagentRuntime {
                     .any(|a| roots.iter().any(|r| Arc::ptr_eq(a, r)))
             })
         };
-        let disposals: Vec<_> = targets
-            .iter()
-            .map(|t| (t.child, self.open_disposal(t)))
-            .collect();
+        // Every target's teardown opens now; creations under way roll back meanwhile.
+        let disposals: Vec<Disposal> = targets.iter().map(|t| self.open_disposal(t)).collect();
         for mut settled in pending {
             let _ = settled.wait_for(|s| *s).await;
         }
@@ -1311,7 +1270,7 @@ impl SubagentRuntime {
         let mut targets = Vec::new();
         for id in children.iter().filter(|id| seen.insert(**id)) {
             if let Some(activation) = self.activation(*id) {
-                if activation.parent_session != parent.id() || !activation.in_ancestry(parent) {
+                if activation.run.parent != parent.id() || !activation.in_ancestry(parent) {
                     return Err(unauthorized(format!(
                         "subagent {id} is not a direct child of agent {}",
                         parent.id()
@@ -1323,8 +1282,8 @@ impl SubagentRuntime {
         self.dispose_all(targets, "selected activation(s)").await
     }
 
-    /// Activations no other resident activation owns, among those `keep` selects.
-    fn roots(&self, keep: impl Fn(&Activation) -> bool) -> Vec<Arc<Activation>> {
+    /// The activations no other resident activation owns.
+    fn roots(&self) -> Vec<Arc<Activation>> {
         let activations: Vec<Arc<Activation>> = lock(&self.continuation().state)
             .activations
             .values()
@@ -1336,7 +1295,7 @@ impl SubagentRuntime {
             .collect();
         activations
             .into_iter()
-            .filter(|a| !owned.contains(&a.child) && keep(a))
+            .filter(|a| !owned.contains(&a.child()))
             .collect()
     }
 
@@ -1345,10 +1304,7 @@ impl SubagentRuntime {
         targets: Vec<Arc<Activation>>,
         subject: &str,
     ) -> Result<(), SubagentError> {
-        let disposals = targets
-            .iter()
-            .map(|t| (t.child, self.open_disposal(t)))
-            .collect();
+        let disposals = targets.iter().map(|t| self.open_disposal(t)).collect();
         aggregate(disposals, subject).await
     }
 
@@ -1406,12 +1362,9 @@ async fn wait(mut disposal: Disposal) -> Result<(), SubagentError> {
 }
 
 /// Waits for every teardown and reports all failures together.
-async fn aggregate(
-    disposals: Vec<(SessionId, Disposal)>,
-    subject: &str,
-) -> Result<(), SubagentError> {
+async fn aggregate(disposals: Vec<Disposal>, subject: &str) -> Result<(), SubagentError> {
     let mut failures = Vec::new();
-    for (_, disposal) in disposals {
+    for disposal in disposals {
         if let Err(error) = wait(disposal).await {
             failures.push(error.to_string());
         }

@@ -134,19 +134,10 @@ impl SubagentTool {
         runtime: &SubagentRuntime,
         config: SubagentToolConfig,
     ) -> Result<Arc<Self>, SubagentError> {
-        if let Some(filter) = &config.tool_filter
-            && filter.allow.is_none()
-            && filter.deny.is_none()
-        {
-            return Err(SubagentError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "the {:?} tool's tool filter names neither allowed nor denied tools; \
-                     remove it or fill it in",
-                    config.tool_name
-                ),
-            ));
-        }
+        crate::birth::check_tool_filter(
+            config.tool_filter.as_ref(),
+            &format!("the {:?} tool", config.tool_name),
+        )?;
         let suffix = if config.background == BackgroundMode::Continuable && config.run_in_background
         {
             IN_BACKGROUND

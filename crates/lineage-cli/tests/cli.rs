@@ -818,6 +818,65 @@ fn a_store_in_a_newer_format_is_refused() {
 }
 
 #[test]
+fn verify_reports_a_session_in_a_newer_log_format_as_a_problem() {
+    let f = fixture();
+    // The row as the store writes it: postcard of these fields in this order.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Row {
+        header: Header,
+        next_seq: u64,
+        head: Digest,
+        revision: u64,
+    }
+    {
+        let db = redb::Database::open(&f.path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let sessions: redb::TableDefinition<u128, &[u8]> =
+                redb::TableDefinition::new("lineage/sessions");
+            let mut table = txn.open_table(sessions).unwrap();
+            let mut row: Row = {
+                let bytes = redb::ReadableTable::get(&table, f.spawned.as_u128())
+                    .unwrap()
+                    .unwrap();
+                postcard::from_bytes(bytes.value()).unwrap()
+            };
+            row.header.format_version = lineage_log::FORMAT_VERSION + 1;
+            let bytes = postcard::to_stdvec(&row).unwrap();
+            table.insert(f.spawned.as_u128(), bytes.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let r = run(&["verify", s(&f.path)]);
+    assert_eq!(
+        r.code, 1,
+        "a session verify cannot read is a problem:\n{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!(
+            "{}: log format 2 is newer than this build reads",
+            f.spawned
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("1 problem"), "{}", r.stdout);
+
+    let r = run(&["verify", s(&f.path), "--json"]);
+    assert_eq!(r.code, 1);
+    let json = r.json();
+    assert_eq!(json["ok"], false);
+    let report = json["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["session"] == f.spawned.to_string())
+        .unwrap();
+    assert_eq!(report["problems"][0]["kind"], "unsupported-format");
+}
+
+#[test]
 fn unknown_sessions_and_bad_usage_exit_2() {
     let f = fixture();
     let stranger = SessionId::new().to_string();

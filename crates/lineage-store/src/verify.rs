@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use lineage_log::{
-    Chain, Digest, Encoder, EventBody, Header, Records, SessionId, SessionLineage, Structure,
-    decode_record, with_log_facts,
+    Chain, Digest, Encoder, EventBody, FORMAT_VERSION, Header, Records, SessionId, SessionLineage,
+    Structure, decode_record, with_log_facts,
 };
 use redb::ReadableTable;
 
@@ -20,6 +20,14 @@ pub enum Problem {
     UndecodableHeader {
         /// Why.
         reason: String,
+    },
+    /// The session's header is in a log format this build does not read, so its events are not
+    /// checked: `verify` cannot vouch for what it cannot read.
+    UnsupportedFormat {
+        /// The header's format version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
     },
     /// A block's records do not reproduce its digest (or the block does not parse). Digests of
     /// later blocks cannot be checked once the chain is broken.
@@ -89,6 +97,16 @@ impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Problem::UndecodableHeader { reason } => write!(f, "header does not decode: {reason}"),
+            Problem::UnsupportedFormat { found, supported } if found > supported => write!(
+                f,
+                "log format {found} is newer than this build reads ({supported}): its events \
+                 were not checked; upgrade Lineage to verify it"
+            ),
+            Problem::UnsupportedFormat { found, supported } => write!(
+                f,
+                "log format {found} is older than this build reads ({supported}): its events \
+                 were not checked"
+            ),
             Problem::CorruptBlock {
                 first_seq,
                 last_seq,
@@ -228,6 +246,12 @@ impl Store {
                     Err(reason) => report.problems.push(Problem::UndecodableHeader {
                         reason: reason.clone(),
                     }),
+                    Ok(record) if record.header.format_version != FORMAT_VERSION => {
+                        report.problems.push(Problem::UnsupportedFormat {
+                            found: record.header.format_version,
+                            supported: FORMAT_VERSION,
+                        });
+                    }
                     Ok(record) => {
                         let empty = BTreeSet::new();
                         let wants = wanted.get(&session).unwrap_or(&empty);
@@ -246,6 +270,9 @@ impl Store {
                 let Some(Ok(record)) = records.get(&report.session) else {
                     continue;
                 };
+                if record.header.format_version != FORMAT_VERSION {
+                    continue; // already reported; nothing of it was read
+                }
                 let session = report.session;
                 if let Some(parent) = record.header.parent
                     && let Some(parent_scan) = scans.get(&parent)

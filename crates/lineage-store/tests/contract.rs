@@ -13,7 +13,7 @@ use lineage_log::{
     SessionLineage, encode_record, fork_session, interrupted_turn_closers, put_varint,
 };
 use lineage_store::{
-    KindStats, STORE_FORMAT_VERSION, SessionInfo, Store, StoreError, StoreOptions,
+    KindStats, Problem, STORE_FORMAT_VERSION, SessionInfo, Store, StoreError, StoreOptions,
 };
 use lineage_testkit::{SplitMix64, balanced_cuts, ev, realistic_session};
 use redb::{ReadableDatabase, ReadableTableMetadata};
@@ -1045,6 +1045,23 @@ fn a_session_in_a_newer_or_older_log_format_is_refused_by_every_read() {
             }
         }
         assert_eq!(store.load(fine).unwrap().events, completed_turns(1));
+
+        // verify cannot read the session either, and says so instead of passing it.
+        let report = store.verify().unwrap();
+        assert!(
+            !report.is_ok(),
+            "format v{version}: verify passed a session it cannot read"
+        );
+        let theirs = report.sessions.iter().find(|r| r.session == id).unwrap();
+        assert_eq!(
+            theirs.problems,
+            vec![Problem::UnsupportedFormat {
+                found: version,
+                supported: FORMAT_VERSION
+            }]
+        );
+        let ours = report.sessions.iter().find(|r| r.session == fine).unwrap();
+        assert!(ours.problems.is_empty(), "{:?}", ours.problems);
     }
 }
 

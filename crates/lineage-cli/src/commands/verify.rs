@@ -113,6 +113,10 @@ fn pick<'a>(
 fn problem_json(problem: &Problem) -> Value {
     let (kind, seqs) = match problem {
         Problem::UndecodableHeader { .. } => ("undecodable-header", json!({})),
+        Problem::UnsupportedFormat { found, supported } => (
+            "unsupported-format",
+            json!({"found": found, "supported": supported}),
+        ),
         Problem::CorruptBlock {
             first_seq,
             last_seq,

@@ -85,6 +85,26 @@ pub enum AgentEvent {
     },
 }
 
+/// The input claimed for a step, by the list it came from.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Claimed {
+    /// All of `next-step`.
+    pub step_input: Vec<Message>,
+    /// The turn's prompt from `next-turn` (a turn's first step only).
+    pub prompts: Vec<Message>,
+}
+
+impl Claimed {
+    /// The step's input in order: step input first, then the prompt.
+    pub(crate) fn messages(&self) -> Vec<Message> {
+        self.step_input
+            .iter()
+            .chain(&self.prompts)
+            .cloned()
+            .collect()
+    }
+}
+
 /// What the agent is doing.
 #[derive(Debug)]
 enum Phase {
@@ -572,13 +592,14 @@ impl Agent {
     }
 
     /// Claims the input of a step (see [`Inbox::claim_splices`]) and publishes the claims.
-    pub(crate) fn claim(&self, target: InboxTarget, turn: TurnNo) -> Vec<Message> {
+    pub(crate) fn claim(&self, target: InboxTarget, turn: TurnNo) -> Claimed {
         self.claim_locked(&mut lock(&self.state), target, turn)
     }
 
-    fn claim_locked(&self, st: &mut State, target: InboxTarget, turn: TurnNo) -> Vec<Message> {
-        let mut claimed = Vec::new();
+    fn claim_locked(&self, st: &mut State, target: InboxTarget, turn: TurnNo) -> Claimed {
+        let mut claimed = Claimed::default();
         for splice in st.inbox.claim_splices(target) {
+            let from = splice.target;
             match self.splice(st, splice, false) {
                 Ok(messages) => {
                     for message in &messages {
@@ -591,7 +612,10 @@ impl Agent {
                             },
                         );
                     }
-                    claimed.extend(messages);
+                    match from {
+                        InboxTarget::NextStep => claimed.step_input.extend(messages),
+                        InboxTarget::NextTurn => claimed.prompts.extend(messages),
+                    }
                 }
                 Err(error) => {
                     // The splice was refused before the inbox changed: the input stays pending.
@@ -601,6 +625,38 @@ impl Agent {
             }
         }
         claimed
+    }
+
+    /// Puts input claimed for a step back at the front of the lists it came from, without waking:
+    /// it is parked for the next wake. Nothing is requeued once `cancel` has fired (checked under
+    /// the lock that cancellation takes, so a cancel cannot slip in between): like every claimed
+    /// input of a cancelled turn, it is dropped. Returns whether it was requeued.
+    pub(crate) fn requeue(
+        &self,
+        claimed: Claimed,
+        cancel: &Cancellation,
+    ) -> Result<bool, AgentError> {
+        let mut st = lock(&self.state);
+        if cancel.is_cancelled() || st.disposing {
+            return Ok(false);
+        }
+        for (target, inserted) in [
+            (InboxTarget::NextStep, claimed.step_input),
+            (InboxTarget::NextTurn, claimed.prompts),
+        ] {
+            if inserted.is_empty() {
+                continue;
+            }
+            let splice = InboxSpliced {
+                target,
+                start: 0,
+                removed: 0,
+                inserted,
+                canceled: false,
+            };
+            self.splice(&mut st, splice, true)?;
+        }
+        Ok(true)
     }
 
     /// Whether input is waiting for the next step.

@@ -8,12 +8,18 @@
 //! Every inbox change is logged (`inbox/spliced`) before memory changes; the log is flushed before
 //! every model request, before tools run and at every turn end, so a crash loses at most the
 //! unflushed tail of a step, and resuming closes the torn turn.
+//!
+//! Host code cannot stop an agent by panicking: a tool's panic is its call's error result, and a
+//! panic in a model (starting a request, in its stream or in the stream's drop) or in a pre-step
+//! hook ends the turn `error` ([`MODEL_PANICKED`], [`HOOK_PANICKED`]) with the panic's message,
+//! the log balanced, and the agent idle and ready for the next message.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod agent;
 mod cancel;
+mod contain;
 mod error;
 mod hooks;
 mod inbox;
@@ -27,9 +33,9 @@ mod turn;
 pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus};
 pub use cancel::Cancellation;
 pub use error::AgentError;
-pub use hooks::{Hooks, NoHooks, PreStep, PreStepDecision};
+pub use hooks::{HOOK_FAILED, HOOK_PANICKED, HookError, Hooks, NoHooks, PreStep, PreStepDecision};
 pub use inbox::Inbox;
-pub use model::{ABORTED, Assembler, ChunkStream, Model, ModelRequest, ToolSchema};
+pub use model::{ABORTED, Assembler, ChunkStream, MODEL_PANICKED, Model, ModelRequest, ToolSchema};
 pub use prompt::Prompt;
 pub use registry::{AgentSpec, Agents, CreateAgent, DEFAULT_MAX_PARALLEL_TOOLS, Seed};
 pub use scripted::{Gate, Response, SCRIPT_EXHAUSTED, ScriptedCall, ScriptedModel};

@@ -1,7 +1,6 @@
 //! The model boundary: a streaming [`Model`] trait, the request it receives, and the assembler
 //! that turns a stream of chunks into an assistant message.
 
-use std::future::poll_fn;
 use std::pin::Pin;
 
 use futures_core::Stream;
@@ -11,9 +10,13 @@ use lineage_log::{
 };
 
 use crate::Cancellation;
+use crate::contain::{self, Contained};
 
 /// The error code of a stream that stopped because its request was cancelled.
 pub const ABORTED: &str = "ABORTED";
+/// The error code of a request whose model panicked: in [`Model::stream`], while its stream was
+/// polled, or when it was dropped early.
+pub const MODEL_PANICKED: &str = "MODEL_PANICKED";
 
 /// A model's answer: raw chunks as they arrive. An `Err` item is the adapter's failure; the turn
 /// loop turns it into a terminal `finish` chunk with an error (or aborted) reason, so the loop
@@ -63,11 +66,59 @@ pub trait Model: Send + Sync + 'static {
     fn stream(&self, request: ModelRequest) -> ChunkStream;
 }
 
-/// The next item of `stream`.
-pub(crate) async fn next_chunk(
-    stream: &mut ChunkStream,
-) -> Option<Result<StreamChunk, ModelFailure>> {
-    poll_fn(|cx| stream.as_mut().poll_next(cx)).await
+/// A request's stream as the turn loop reads it. A panic in [`Model::stream`] or in a poll of its
+/// stream is the adapter's failure, with code [`MODEL_PANICKED`] and the panic's message, and ends
+/// the stream like any adapter error; a panic in the stream's drop is logged.
+pub(crate) struct ModelStream {
+    stream: Option<Contained<ChunkStream>>,
+    /// A failure to yield before anything else (the request panicked before it had a stream).
+    failed: Option<ModelFailure>,
+    /// Who panicked, for the failure's message: agent, model, turn and step.
+    subject: String,
+}
+
+impl ModelStream {
+    /// Starts `request` on `model`.
+    pub(crate) fn start(model: &dyn Model, request: ModelRequest) -> Self {
+        let subject = format!(
+            "agent {}: model {}/{} (turn {} step {})",
+            request.session, request.provider, request.model, request.turn, request.step
+        );
+        match contain::call(|| model.stream(request)) {
+            Ok(stream) => ModelStream {
+                stream: Some(Contained::new(stream, "a model stream")),
+                failed: None,
+                subject,
+            },
+            Err(message) => ModelStream {
+                stream: None,
+                failed: Some(panicked(&subject, "when asked", &message)),
+                subject,
+            },
+        }
+    }
+
+    /// The next item; `None` once the stream has ended. Cancel-safe: nothing is lost when the
+    /// returned future is dropped before it resolves.
+    pub(crate) async fn next(&mut self) -> Option<Result<StreamChunk, ModelFailure>> {
+        if let Some(failure) = self.failed.take() {
+            return Some(Err(failure));
+        }
+        match self.stream.as_mut()?.next().await {
+            Ok(item) => item,
+            Err(message) => {
+                self.stream = None;
+                Some(Err(panicked(&self.subject, "while streaming", &message)))
+            }
+        }
+    }
+}
+
+fn panicked(subject: &str, when: &str, message: &str) -> ModelFailure {
+    ModelFailure {
+        message: format!("{subject} panicked {when}: {message}").into(),
+        code: MODEL_PANICKED.into(),
+    }
 }
 
 /// The terminal chunk an adapter failure becomes: aborted when the request was cancelled or the

@@ -12,12 +12,15 @@ use lineage_log::{
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::model::{ABORTED, Assembler, failure_finish, next_chunk};
+use crate::agent::Claimed;
+use crate::contain::{self, Contained};
+use crate::model::{ABORTED, Assembler, ModelStream, failure_finish};
 use crate::tool::{
     ABORTED_BEFORE_DISPATCH, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, parse_arguments,
 };
 use crate::{
-    Agent, AgentError, Cancellation, ModelRequest, Tool, ToolContext, ToolOutput, Toolset,
+    Agent, AgentError, Cancellation, HOOK_FAILED, HOOK_PANICKED, ModelRequest, PreStep,
+    PreStepDecision, Tool, ToolContext, ToolOutput, Toolset,
 };
 
 /// The error code of a turn whose agent names no model provider or model.
@@ -29,7 +32,7 @@ pub const PERSISTENCE: &str = "PERSISTENCE";
 pub(crate) struct Opened {
     pub turn: TurnNo,
     pub cancel: Cancellation,
-    pub claimed: Vec<Message>,
+    pub claimed: Claimed,
 }
 
 /// Why a turn stops early.
@@ -114,7 +117,7 @@ async fn turn_body(
     agent: &Arc<Agent>,
     turn: TurnNo,
     cancel: &Cancellation,
-    claimed: Vec<Message>,
+    claimed: Claimed,
 ) -> Result<TurnEndReason, Stop> {
     // Completed or MaxTokens once a step says the turn may end; MaxTokens is sticky.
     let mut ends: Option<StepOutcome> = None;
@@ -126,20 +129,10 @@ async fn turn_body(
             Some(claimed) => claimed,
             None => agent.claim(InboxTarget::NextStep, turn),
         };
-        let decision = agent
-            .config()
-            .hooks
-            .pre_step(crate::PreStep {
-                agent: agent.clone(),
-                turn,
-                step: step + 1,
-                messages: claimed,
-                cancel: cancel.clone(),
-            })
-            .await;
-        let messages = match decision {
-            crate::PreStepDecision::Enter(messages) => messages,
-            crate::PreStepDecision::Reject => return Ok(TurnEndReason::Blocked),
+        let messages = match pre_step(agent, turn, step + 1, &claimed, cancel).await {
+            Ok(PreStepDecision::Enter(messages)) => messages,
+            Ok(PreStepDecision::Reject) => return Ok(TurnEndReason::Blocked),
+            Err(error) => return Err(hook_failed(agent, claimed, cancel, error)),
         };
         check(cancel)?;
         if ends.is_some() && messages.is_empty() {
@@ -175,6 +168,62 @@ async fn turn_body(
         Some(StepOutcome::MaxTokens) => TurnEndReason::MaxTokens,
         _ => TurnEndReason::Completed,
     })
+}
+
+/// Asks the pre-step hook about a step's claimed input. A hook error or a panic (in the call or in
+/// its future) is the turn's error.
+async fn pre_step(
+    agent: &Arc<Agent>,
+    turn: TurnNo,
+    step: StepNo,
+    claimed: &Claimed,
+    cancel: &Cancellation,
+) -> Result<PreStepDecision, TurnError> {
+    let input = PreStep {
+        agent: agent.clone(),
+        turn,
+        step,
+        messages: claimed.messages(),
+        cancel: cancel.clone(),
+    };
+    let hooks = &agent.config().hooks;
+    let decided = match contain::call(|| hooks.pre_step(input)) {
+        Ok(future) => Contained::new(future, "a pre-step hook").await,
+        Err(panic) => Err(panic),
+    };
+    let subject = format!(
+        "agent {}: the pre-step hook of turn {turn} step {step}",
+        agent.id()
+    );
+    match decided {
+        Ok(Ok(decision)) => Ok(decision),
+        Ok(Err(error)) => Err(turn_error(
+            HOOK_FAILED,
+            format!("{subject} failed: {error}"),
+        )),
+        Err(panic) => Err(turn_error(
+            HOOK_PANICKED,
+            format!("{subject} panicked: {panic}"),
+        )),
+    }
+}
+
+/// Ends a turn whose pre-step hook failed or panicked. The hook refused nothing, so the input
+/// claimed for the step goes back to the front of its lists, parked for the next wake; a turn
+/// cancelled meanwhile ends aborted instead and its claimed input is dropped, as for any cancel.
+fn hook_failed(agent: &Agent, claimed: Claimed, cancel: &Cancellation, error: TurnError) -> Stop {
+    match agent.requeue(claimed, cancel) {
+        Ok(true) => {}
+        Ok(false) => {
+            if let Some(cause) = cancel.cause() {
+                return Stop::Aborted(cause);
+            }
+        }
+        Err(requeue) => {
+            tracing::warn!(%requeue, "the input of a failed pre-step could not be requeued");
+        }
+    }
+    Stop::Failed(error)
 }
 
 /// One model request and the tool calls it asks for.
@@ -214,7 +263,7 @@ async fn run_step(
         messages: agent.history(),
         cancel: cancel.clone(),
     };
-    let mut stream = config.model.stream(request);
+    let mut stream = ModelStream::start(&*config.model, request);
     let mut assembler = Assembler::new();
     loop {
         let item = tokio::select! {
@@ -222,7 +271,7 @@ async fn run_step(
             cause = cancel.cancelled() => {
                 return Err(interrupt(agent, turn, step, &assembler, cause));
             }
-            item = next_chunk(&mut stream) => item,
+            item = stream.next() => item,
         };
         let chunk = match item {
             None => break,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use lineage_agent::{
-    ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, Hooks,
+    ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError, Hooks,
     INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Response, SCRIPT_EXHAUSTED,
     TOOL_NOT_AVAILABLE, ToolOutput,
 };
@@ -553,8 +553,8 @@ async fn an_agent_without_a_model_fails_its_turn_with_no_model() {
 struct RejectAll;
 
 impl Hooks for RejectAll {
-    fn pre_step(&self, _: PreStep) -> BoxFuture<'_, PreStepDecision> {
-        Box::pin(async { PreStepDecision::Reject })
+    fn pre_step(&self, _: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
+        Box::pin(async { Ok(PreStepDecision::Reject) })
     }
 }
 

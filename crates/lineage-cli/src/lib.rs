@@ -1,0 +1,112 @@
+//! `lineage`: inspect Lineage session stores, offline or while a host is writing them.
+//!
+//! Subcommands: `ls`, `tree`, `show`, `fold`, `verify`, `tail` (`-f` to follow), `export` (JSON
+//! Lines) and `stats`. Every one opens the store read-only, so it works while a host process has
+//! the file open for writing, and never creates a file. Output is aligned plain text (never
+//! coloured); `--json` gives JSON instead on every inspection command.
+//!
+//! Exit codes:
+//!
+//! | code | meaning |
+//! |---:|---|
+//! | 0 | ok |
+//! | 1 | problems found: `verify` found damage or inconsistencies, or damage stopped a read (a corrupt record or block) |
+//! | 2 | usage: bad arguments, including a session id the store does not hold |
+//! | 3 | cannot open: a missing file, a file that is not a Lineage store, a store or session in a newer format, an I/O error |
+//!
+//! Every failure prints one sentence on stderr, prefixed `lineage: `.
+//!
+//! The binary is a thin wrapper around [`run`], which takes the arguments and both output
+//! streams, so the whole command can also run in-process (for example under a fuzzer).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cli;
+mod commands;
+mod demo;
+mod error;
+mod open;
+mod render;
+mod time;
+
+use std::ffi::OsString;
+use std::io::{BufWriter, Write};
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::cli::Cli;
+use crate::error::{EXIT_OK, EXIT_USAGE};
+
+/// Runs the `lineage` command line `args` (`args[0]` is the program name), writing its output to
+/// `out` and its diagnostics to `err`, and returns the exit code: 0 ok, 1 problems found, 2 usage,
+/// 3 cannot open.
+///
+/// Nothing is written anywhere else: neither the process's stdout nor its stderr is touched. A
+/// write to `out` that fails because the reader went away (`BrokenPipe`) ends the command quietly
+/// with exit 0; a write to `err` that fails is ignored.
+pub fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => return i32::from(usage(&error, out, err)),
+    };
+    let mut out = BufWriter::new(out);
+    let result = commands::run(cli.command, &mut out);
+    // Whatever was printed before a failure (for example the rows of `ls` before a damaged
+    // session) is still written out; a closed pipe is not worth a word.
+    let flushed = out.flush();
+    let failure = match result {
+        Ok(code) => match flushed {
+            Ok(()) => return i32::from(code),
+            Err(e) => error::CliError::Output(e),
+        },
+        Err(e) => e,
+    };
+    if let Some(message) = failure.message() {
+        say(err, &message);
+    }
+    i32::from(failure.exit_code())
+}
+
+/// Writes `lineage: <message>` on `err`, ignoring a closed stream.
+fn say(err: &mut dyn Write, message: &str) {
+    let _ = writeln!(err, "lineage: {message}");
+    let _ = err.flush();
+}
+
+/// Reports a command-line error in one sentence and returns its exit code; `--help` and
+/// `--version` print their text on `out` and succeed.
+fn usage(error: &clap::Error, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = write!(out, "{}", error.render());
+            let _ = out.flush();
+            EXIT_OK
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            say(err, "no command given; try 'lineage --help'");
+            EXIT_USAGE
+        }
+        _ => {
+            say(
+                err,
+                &format!("{}; try 'lineage --help'", first_paragraph(error)),
+            );
+            EXIT_USAGE
+        }
+    }
+}
+
+/// clap's message without its `error: ` prefix, usage and tips: the first paragraph, on one line.
+fn first_paragraph(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let paragraph = rendered.split("\n\n").next().unwrap_or_default();
+    let words: Vec<&str> = paragraph.split_whitespace().collect();
+    let line = words.join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+}

@@ -539,6 +539,8 @@ pub struct EventPrinter {
     depth: Option<usize>,
     /// Whether the last printed event was in the own suffix; `None` until the first event.
     in_own: Option<bool>,
+    /// The run of chunks [`EventPrinter::feed`] holds until it ends.
+    run: Vec<Event>,
 }
 
 impl EventPrinter {
@@ -550,6 +552,7 @@ impl EventPrinter {
             style,
             depth: None,
             in_own: None,
+            run: Vec::new(),
         }
     }
 
@@ -647,6 +650,39 @@ impl EventPrinter {
             i += 1;
         }
         Ok(())
+    }
+
+    /// Prints the next event of a stream, as [`EventPrinter::print`] would print it among its
+    /// neighbours: a run of chunks is held (in memory, one run at most) until the event that ends
+    /// it, so it still gets one line. Call [`EventPrinter::finish`] after the last event.
+    pub fn feed(&mut self, out: &mut dyn Write, event: Event) -> io::Result<()> {
+        let is_chunk = matches!(event.body, EventBody::AssistantChunk(_));
+        if !is_chunk || self.style.chunks {
+            self.finish(out)?;
+            return self.print(out, std::slice::from_ref(&event));
+        }
+        let own = event.seq >= self.seed_len;
+        if self
+            .run
+            .last()
+            .is_some_and(|last| (last.seq >= self.seed_len) != own)
+        {
+            self.finish(out)?;
+        }
+        self.run.push(event);
+        Ok(())
+    }
+
+    /// Prints the run of chunks [`EventPrinter::feed`] holds, if any.
+    pub fn finish(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        if self.run.is_empty() {
+            return Ok(());
+        }
+        let run = std::mem::take(&mut self.run);
+        let printed = self.print(out, &run);
+        self.run = run;
+        self.run.clear();
+        printed
     }
 
     /// Writes one event line and its continuation lines.

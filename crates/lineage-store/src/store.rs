@@ -12,7 +12,7 @@ use lineage_log::{
     check_append, check_seed, interrupted_turn_closers,
 };
 use redb::{
-    ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable,
+    ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable,
     ReadableTableMetadata, StorageBackend,
 };
 use uuid::Uuid;
@@ -22,6 +22,7 @@ use crate::layout::{
     SessionRecord, session_blocks,
 };
 use crate::read::{read_from, read_log, read_record};
+use crate::recovery::Reader;
 use crate::writer::{self, PendingBlock, Queue, Tail};
 use crate::{Result, StoreError};
 
@@ -124,7 +125,7 @@ pub struct KindStats {
 
 pub(crate) enum Db {
     Write(Arc<Writable>),
-    Read(ReadOnlyDatabase),
+    Read(Reader),
 }
 
 /// Opens the writable database, the first time or again.
@@ -249,7 +250,7 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError {
+pub(crate) fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError {
     match error {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen {
             path: path.to_owned(),
@@ -278,7 +279,7 @@ fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError {
     }
 }
 
-fn builder(cache_bytes: usize) -> redb::Builder {
+pub(crate) fn builder(cache_bytes: usize) -> redb::Builder {
     let mut builder = redb::Builder::new();
     builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
     builder.set_cache_size(cache_bytes);
@@ -339,13 +340,17 @@ impl Store {
         guard(|| Self::start(Box::new(opener), true, None, options))
     }
 
-    /// Opens the store at `path` read-only. Each read sees the writer's latest commit.
+    /// Opens the store at `path` read-only. Each read sees the writer's latest commit. The file is
+    /// never modified.
+    ///
+    /// A file whose writer stopped without closing it (a killed process) is read as that writer
+    /// left it: every commit it made, repaired in memory only, while the file awaits recovery by
+    /// its next writer ([`Store::awaits_recovery`]). Once a writer has opened the file, the next
+    /// read follows the writer's commits instead.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
         guard(|| {
             let path = path.as_ref();
-            let db = builder(DEFAULT_CACHE_BYTES)
-                .open_read_only(path)
-                .map_err(|e| open_error(path, e))?;
+            let db = Reader::open(path)?;
             let txn = db.begin_read()?;
             let store_id = check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
                 path: path.to_owned(),
@@ -414,6 +419,17 @@ impl Store {
     /// Whether the store was opened read-only.
     pub fn is_read_only(&self) -> bool {
         matches!(self.inner.db, Db::Read(_))
+    }
+
+    /// Whether the file awaits recovery by its next writer: its last writer stopped without
+    /// closing it, and no writer has opened it since. Only a read-only handle can say so (a
+    /// writable one recovered the file when it opened it); it then reads the file as the stopped
+    /// writer left it, every commit included, without modifying it.
+    pub fn awaits_recovery(&self) -> bool {
+        match &self.inner.db {
+            Db::Write(_) => false,
+            Db::Read(reader) => reader.awaits_recovery(),
+        }
     }
 
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
@@ -749,17 +765,18 @@ impl Store {
 /// return an error. Such a panic is contained here and reported as [`StoreError::Damaged`], so no
 /// input file can take the host process down.
 pub(crate) fn guard<T>(operation: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(operation)) {
-        Ok(result) => result,
-        Err(panic) => {
-            let reason = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "the storage engine panicked".to_owned());
-            Err(StoreError::Damaged { reason })
-        }
-    }
+    contained(operation).unwrap_or_else(|reason| Err(StoreError::Damaged { reason }))
+}
+
+/// Runs `operation`, returning the message of a panic inside it instead of unwinding.
+pub(crate) fn contained<T>(operation: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(operation)).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the storage engine panicked".to_owned())
+    })
 }
 
 /// Keeps the header a cache of the log: the session's own `session/lineage` (at or after the

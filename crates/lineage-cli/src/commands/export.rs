@@ -1,8 +1,10 @@
 //! `lineage export`: a session as JSON Lines.
 //!
 //! One event per line in the serde form of `Event`: `{"seq", "time_ms", "body": {"type",
-//! "data"}}`, `type` being the display name (`turn/start`, `tool/result`, …). The session is read
-//! with its digests checked; crash-repair closers are not exported (they are not stored).
+//! "data"}}`, `type` being the display name (`turn/start`, `tool/result`, …). The session is
+//! streamed with its digests checked (`Store::scan`), one block in memory at a time: each line is
+//! written as its block is read, and damage is reported where it is met. Crash-repair closers are
+//! not exported (they are not stored).
 
 use std::io::Write;
 
@@ -15,13 +17,13 @@ use crate::open::open;
 pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let opened = open(&args.store)?;
     let info = opened.resolve(&args.session)?;
-    let loaded = opened
+    let scan = opened
         .store
-        .inspect(info.header.id)
+        .scan(info.header.id, 0)
         .map_err(|e| opened.fail(e))?;
-    let stored = &loaded.events[..loaded.events.len() - loaded.closers];
-    for event in stored {
-        write_json_line(out, event)?;
+    for event in scan {
+        let event = event.map_err(|e| opened.fail(e))?;
+        write_json_line(out, &event)?;
     }
     Ok(EXIT_OK)
 }

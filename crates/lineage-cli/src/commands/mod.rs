@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use lineage_log::{Event, EventBody, SessionId, TurnEndReason};
+use lineage_log::{EventBody, SessionId, TurnEndReason};
 use lineage_store::SessionInfo;
 use serde_json::Value;
 
@@ -83,41 +83,45 @@ pub struct Ending {
 }
 
 /// Reads how `info`'s session ends without reading its whole log: the last events, then more
-/// until the last `turn/end` is found (or the log's start is reached). Events committed after
-/// `info` was read are ignored, so the result describes the listed length.
+/// until the last `turn/end` is found (or the log's start is reached), streamed without holding
+/// them. Events committed after `info` was read are ignored, so the result describes the listed
+/// length.
 pub fn ending(opened: &Opened, info: &SessionInfo) -> Result<Ending, CliError> {
     let session = info.header.id;
     let len = info.len;
     let mut window = 256u64;
     loop {
         let from = len.saturating_sub(window);
-        let events = opened
+        let scan = opened
             .store
-            .read_from(session, from)
+            .scan_unchecked(session, from)
             .map_err(|e| opened.fail(e))?;
-        let events: Vec<&Event> = events.iter().filter(|e| e.seq < len).collect();
-        let mut ending = Ending::default();
-        let mut seen_marker = false;
-        for event in events.iter().rev() {
-            match &event.body {
+        // The last `turn/end` of the window, and the turn opened after it, if any.
+        let mut last_end: Option<(u32, TurnEndReason)> = None;
+        let mut open_turn: Option<u32> = None;
+        for event in scan {
+            let event = event.map_err(|e| opened.fail(e))?;
+            if event.seq >= len {
+                break;
+            }
+            match event.body {
                 EventBody::TurnEnd(end) => {
-                    if !seen_marker {
-                        ending.turns = end.turn;
-                    }
-                    ending.last_stop = Some(end.reason.clone());
-                    return Ok(ending);
+                    last_end = Some((end.turn, end.reason));
+                    open_turn = None;
                 }
-                EventBody::TurnStart(start) if !seen_marker => {
-                    seen_marker = true;
-                    ending.turns = start.turn;
-                    ending.open_turn = Some(start.turn);
-                }
+                EventBody::TurnStart(start) => open_turn = Some(start.turn),
                 _ => {}
             }
         }
-        if from == 0 {
-            return Ok(ending);
+        if last_end.is_none() && from > 0 {
+            window = window.saturating_mul(4);
+            continue;
         }
-        window = window.saturating_mul(4);
+        let (ended, last_stop) = last_end.unzip();
+        return Ok(Ending {
+            turns: open_turn.or(ended).unwrap_or(0),
+            last_stop,
+            open_turn,
+        });
     }
 }

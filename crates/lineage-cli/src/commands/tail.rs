@@ -1,13 +1,15 @@
 //! `lineage tail`: a session's last events, and with `-f` every event committed after them.
 //!
-//! Following polls `Store::read_from` at the session's next seq every `--interval` milliseconds
-//! through one read-only handle; each read sees the writer's latest commit. Reads from a seq do
-//! not check digests (that needs the log from seq 0): `lineage verify` does. Ctrl-C stops it.
+//! Events are streamed from the block holding the first one (`Store::scan_unchecked`), one block
+//! in memory at a time. Following reads again at the session's next seq every `--interval`
+//! milliseconds through one read-only handle; each read sees the writer's latest commit. Reads
+//! from a seq do not check digests (that needs the log from seq 0): `lineage verify` does. Ctrl-C
+//! stops it.
 
 use std::io::Write;
 use std::time::Duration;
 
-use lineage_log::Event;
+use lineage_log::SessionId;
 
 use super::write_json_line;
 use crate::cli::TailArgs;
@@ -31,50 +33,45 @@ pub fn run(args: &TailArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         style,
     );
     let mut next = from;
-    let first = read(&opened, session, from)?;
-    emit(args, &mut printer, out, &first, &mut next)?;
+    emit(&opened, session, args, &mut printer, out, &mut next)?;
     if !args.follow {
         return Ok(EXIT_OK);
     }
     let interval = Duration::from_millis(args.interval);
     loop {
         std::thread::sleep(interval);
-        let new = read(&opened, session, next)?;
-        emit(args, &mut printer, out, &new, &mut next)?;
+        emit(&opened, session, args, &mut printer, out, &mut next)?;
     }
 }
 
-/// The committed events of `session` from `from`.
-fn read(
-    opened: &Opened,
-    session: lineage_log::SessionId,
-    from: u64,
-) -> Result<Vec<Event>, CliError> {
-    opened
-        .store
-        .read_from(session, from)
-        .map_err(|e| opened.fail(e))
-}
-
-/// Prints `events` (as text or JSON Lines), flushes, and moves `next` past them.
+/// Prints the committed events of `session` from `next` (as text or JSON Lines) as they are
+/// read, flushes, and moves `next` past them.
 fn emit(
+    opened: &Opened,
+    session: SessionId,
     args: &TailArgs,
     printer: &mut EventPrinter,
     out: &mut dyn Write,
-    events: &[Event],
     next: &mut u64,
 ) -> Result<(), CliError> {
-    let Some(last) = events.last() else {
-        return Ok(());
-    };
-    if args.output.json {
-        for event in events {
-            write_json_line(out, event)?;
+    let scan = opened
+        .store
+        .scan_unchecked(session, *next)
+        .map_err(|e| opened.fail(e))?;
+    let mut any = false;
+    for event in scan {
+        let event = event.map_err(|e| opened.fail(e))?;
+        *next = event.seq + 1;
+        any = true;
+        if args.output.json {
+            write_json_line(out, &event)?;
+        } else {
+            printer.feed(out, event)?;
         }
-    } else {
-        printer.print(out, events)?;
     }
-    out.flush()?;
-    *next = last.seq + 1;
+    if any {
+        printer.finish(out)?;
+        out.flush()?;
+    }
     Ok(())
 }

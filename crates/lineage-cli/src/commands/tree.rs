@@ -104,7 +104,7 @@ pub fn run(args: &TreeArgs, out: &mut dyn Write) -> Result<u8, CliError> {
 }
 
 /// The descriptor of a child's own suffix: the first `subagent/descriptor` at or after its seed
-/// length. Top-level sessions are not read.
+/// length, read up to it. Top-level sessions are not read.
 fn descriptor_of(
     opened: &Opened,
     info: &SessionInfo,
@@ -115,12 +115,14 @@ fn descriptor_of(
     }
     let own = opened
         .store
-        .read_from(header.id, header.seed_len)
+        .scan_unchecked(header.id, header.seed_len)
         .map_err(|e| opened.fail(e))?;
-    Ok(own.into_iter().find_map(|e| match e.body {
-        EventBody::SubagentDescriptor(d) => Some(*d),
-        _ => None,
-    }))
+    for event in own {
+        if let EventBody::SubagentDescriptor(d) = event.map_err(|e| opened.fail(e))?.body {
+            return Ok(Some(*d));
+        }
+    }
+    Ok(None)
 }
 
 /// The sessions and their parent links.

@@ -14,12 +14,13 @@ mod error;
 mod fork;
 mod layout;
 mod read;
-mod recovery;
+mod scan;
 mod store;
 mod verify;
 mod writer;
 
 pub use error::{Result, StoreError};
+pub use scan::Scan;
 pub use store::{
     DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, KindStats, Loaded,
     STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,

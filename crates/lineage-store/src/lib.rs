@@ -14,6 +14,7 @@ mod error;
 mod fork;
 mod layout;
 mod read;
+mod recovery;
 mod scan;
 mod store;
 mod verify;

@@ -22,9 +22,10 @@ The store is always opened read-only, so every command works while a host writes
 
 Exit codes:
   0  ok
-  1  problems found: verify found damage or inconsistencies, or damage stopped a read
+  1  problems found: verify found damage or inconsistencies, or a damaged session stopped a read
   2  usage: bad arguments, including a session the store does not hold
-  3  cannot open: missing file, not a Lineage store, a newer format, an I/O error";
+  3  cannot open or read the file: missing, not a Lineage store, a newer format, cut short,
+     damaged beneath its sessions, an I/O error";
 
 /// Inspect Lineage session stores, offline or while a host is writing them.
 #[derive(Debug, Parser)]

@@ -9,12 +9,13 @@ use lineage_store::StoreError;
 
 /// Exit code: everything went well.
 pub const EXIT_OK: u8 = 0;
-/// Exit code: problems were found (`verify`), or damage stopped a read.
+/// Exit code: problems were found (`verify`), or a damaged session (a corrupt record or block)
+/// stopped a read.
 pub const EXIT_PROBLEMS: u8 = 1;
 /// Exit code: the command line is wrong, including a session the store does not hold.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store cannot be opened or read (missing file, not a Lineage store, a newer
-/// format, an I/O error).
+/// format, a file cut short or damaged beneath its sessions, an I/O error).
 pub const EXIT_CANNOT_OPEN: u8 = 3;
 
 /// Why a command failed.
@@ -24,7 +25,7 @@ pub enum CliError {
     Usage(String),
     /// The store cannot be opened or read (exit 3).
     CannotOpen(String),
-    /// Damage was found while reading (exit 1).
+    /// A damaged session was found while reading (exit 1).
     Damaged(String),
     /// The output could not be written. A closed pipe (`lineage show … | head`) is not a failure.
     Output(io::Error),
@@ -69,6 +70,9 @@ impl CliError {
 
     /// Maps a failure to open the store at `path`: every one means it cannot be opened.
     pub fn opening(path: &Path, error: StoreError) -> CliError {
+        if let Some(sentence) = file_sentence(path, &error) {
+            return CliError::CannotOpen(sentence);
+        }
         let shown = path.display();
         CliError::CannotOpen(match error {
             // These already name the file and say what is wrong with it.
@@ -76,35 +80,115 @@ impl CliError {
             | StoreError::NewerFormat { .. }
             | StoreError::OlderFormat { .. }
             | StoreError::AlreadyOpen { .. }) => e.to_string(),
-            StoreError::Damaged { reason } => {
-                format!("{shown} is not a Lineage store or is damaged: {reason}")
-            }
-            StoreError::Storage(redb::Error::RepairAborted) => format!(
-                "{shown} was left unrecovered by a writer that stopped without closing it, and a \
-                 read-only open cannot recover it: open it once with a writer (for example by \
-                 restarting its host), then try again"
-            ),
-            StoreError::Storage(e) => format!("cannot open {shown}: {e}"),
             other => format!("cannot open {shown}: {other}"),
         })
     }
 
     /// Maps a failure while reading an open store at `path`.
     pub fn reading(path: &Path, error: StoreError) -> CliError {
+        if let Some(sentence) = file_sentence(path, &error) {
+            return CliError::CannotOpen(sentence);
+        }
         match error {
             StoreError::UnknownSession { session } => {
                 CliError::Usage(format!("session {session} is not in {}", path.display()))
             }
             e @ (StoreError::Corrupt { .. }
             | StoreError::CorruptBlock { .. }
-            | StoreError::CorruptHeader { .. }
-            | StoreError::Damaged { .. }) => CliError::Damaged(e.to_string()),
+            | StoreError::CorruptHeader { .. }) => CliError::Damaged(e.to_string()),
             e @ (StoreError::NewerFormat { .. }
             | StoreError::OlderFormat { .. }
-            | StoreError::UnsupportedRecord { .. }) => CliError::CannotOpen(e.to_string()),
+            | StoreError::UnsupportedRecord { .. }
+            | StoreError::NotAStore { .. }) => CliError::CannotOpen(e.to_string()),
             e => CliError::CannotOpen(format!("cannot read {}: {e}", path.display())),
         }
     }
+}
+
+/// The sentence for a failure of the file itself, in Lineage's words, or `None` for a failure
+/// the store already words itself (a session's damage, a newer format, a foreign file).
+///
+/// The storage engine's own messages are never shown: they speak of its internals ("previous I/O
+/// error", "magic number", a panic's location) rather than of the file. What they mean for the
+/// file is said instead: it is cut short, it is damaged, it is not a store, it could not be read.
+fn file_sentence(path: &Path, error: &StoreError) -> Option<String> {
+    let shown = path.display();
+    Some(match error {
+        StoreError::NotAStore { reason, .. } if !lineage_reason(reason) => format!(
+            "{shown} is not a Lineage store, or its header is damaged: it does not begin as a \
+             store file does"
+        ),
+        // The storage engine panicked on the file (the store contained it).
+        StoreError::Damaged { .. } => damaged(path),
+        StoreError::Closed => format!("cannot read {shown}: the store was closed while reading it"),
+        StoreError::Storage(engine) => match engine {
+            redb::Error::Io(e) => io_sentence(path, e),
+            redb::Error::Corrupted(_)
+            | redb::Error::TableDoesNotExist(_)
+            | redb::Error::TableTypeMismatch { .. }
+            | redb::Error::TableIsMultimap(_)
+            | redb::Error::TableIsNotMultimap(_)
+            | redb::Error::TypeDefinitionChanged { .. } => damaged(path),
+            redb::Error::PreviousIo => format!(
+                "{shown} cannot be read: an earlier read of the file failed (it is likely cut \
+                 short or damaged)"
+            ),
+            redb::Error::RepairAborted => format!(
+                "{shown} awaits recovery by its next writer (a writer stopped without closing \
+                 it) and could not be read as it was left: open it once with a writer (for \
+                 example by restarting its host), then try again"
+            ),
+            redb::Error::DatabaseAlreadyOpen => {
+                format!("{shown} is already open for writing by another process or handle")
+            }
+            _ => format!(
+                "cannot read {shown}: the storage layer failed on it (the file may be damaged)"
+            ),
+        },
+        _ => return None,
+    })
+}
+
+/// The sentence for a file whose storage structure is broken.
+fn damaged(path: &Path) -> String {
+    format!(
+        "{} is damaged: the storage structure inside it does not hold together (parts of the \
+         file were overwritten or lost), so it cannot be read",
+        path.display()
+    )
+}
+
+/// The sentence for an I/O error reading `path`: the operating system's words, except for the
+/// errors that mean something about the file itself.
+fn io_sentence(path: &Path, error: &io::Error) -> String {
+    let shown = path.display();
+    match error.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            let size = std::fs::metadata(path)
+                .map_or(String::new(), |m| format!(" (it holds {} bytes)", m.len()));
+            format!(
+                "{shown} is cut short{size}: it ends before the data it records, so part of the \
+                 store is missing (a truncated file, or a copy taken before it was complete)"
+            )
+        }
+        // The engine's checks of its own header and pages.
+        io::ErrorKind::InvalidData => damaged(path),
+        // The operating system's own words.
+        _ if error.raw_os_error().is_some() => format!("cannot read {shown}: {error}"),
+        // The store's own sentence about the file, or the kind of failure.
+        _ => match error.get_ref() {
+            Some(inner) => format!("cannot read {shown}: {inner}"),
+            None => format!("cannot read {shown}: {}", error.kind()),
+        },
+    }
+}
+
+/// Whether a "not a Lineage store" reason is the store's own (about the tables it found) rather
+/// than the storage engine's (about a file it could not parse).
+fn lineage_reason(reason: &str) -> bool {
+    reason.contains("Lineage")
+        || reason.starts_with("its meta table")
+        || reason.starts_with("a redb file in storage format")
 }
 
 impl From<io::Error> for CliError {

@@ -10,11 +10,12 @@
 //! | code | meaning |
 //! |---:|---|
 //! | 0 | ok |
-//! | 1 | problems found: `verify` found damage or inconsistencies, or damage stopped a read (a corrupt record or block) |
+//! | 1 | problems found: `verify` found damage or inconsistencies, or a damaged session stopped a read (a corrupt record or block) |
 //! | 2 | usage: bad arguments, including a session id the store does not hold |
-//! | 3 | cannot open: a missing file, a file that is not a Lineage store, a store or session in a newer format, an I/O error |
+//! | 3 | cannot open or read the file: missing, not a Lineage store, a store or session in a newer format, cut short, damaged beneath its sessions (the storage engine's own pages), an I/O error |
 //!
-//! Every failure prints one sentence on stderr, prefixed `lineage: `.
+//! Every failure prints one sentence on stderr, prefixed `lineage: `, in Lineage's words: the
+//! storage engine's messages (and its panics on a damaged file) are never shown.
 //!
 //! The binary is a thin wrapper around [`run`], which takes the arguments and both output
 //! streams, so the whole command can also run in-process (for example under a fuzzer).
@@ -71,6 +72,35 @@ where
         say(err, &message);
     }
     i32::from(failure.exit_code())
+}
+
+/// Installs a panic hook that keeps quiet about panics raised inside the storage engine, and
+/// passes every other panic to the hook installed before it. Call it once, before [`run`].
+///
+/// On some damaged files the storage engine panics instead of returning an error. The store
+/// contains those panics and the command reports the damage in one sentence of its own, but the
+/// default hook would first print the engine's message, its source location and maybe a backtrace
+/// on stderr. The `lineage` binary installs this hook; a host that runs [`run`] in-process decides
+/// for itself (a fuzzer that aborts on every panic would otherwise stop at the first damaged page).
+pub fn quiet_engine_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.location().is_some_and(|l| in_storage_engine(l.file())) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Whether a source file belongs to the storage engine's crate (`…/redb-<version>/src/…`).
+fn in_storage_engine(file: &str) -> bool {
+    std::path::Path::new(file).components().any(|c| {
+        c.as_os_str()
+            .to_str()
+            .is_some_and(|name| name == "redb" || name.starts_with("redb-"))
+    })
 }
 
 /// Writes `lineage: <message>` on `err`, ignoring a closed stream.

@@ -3,14 +3,27 @@
 
 #![forbid(unsafe_code)]
 
-use std::io;
+use std::io::{self, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let code = lineage_cli::run(
-        std::env::args_os(),
-        &mut io::stdout().lock(),
-        &mut io::stderr(),
-    );
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
+    lineage_cli::quiet_engine_panics();
+    let ran = std::panic::catch_unwind(|| {
+        lineage_cli::run(
+            std::env::args_os(),
+            &mut io::stdout().lock(),
+            &mut io::stderr(),
+        )
+    });
+    match ran {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        // A panic the store did not contain is a bug, and the engine's own may have been silent.
+        Err(_) => {
+            let _ = writeln!(
+                io::stderr(),
+                "lineage: internal error: the command stopped on a panic; please report it"
+            );
+            ExitCode::from(101)
+        }
+    }
 }

@@ -23,16 +23,24 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let mut rows = Vec::with_capacity(sessions.len());
     let mut unreadable = Vec::new();
     for info in &sessions {
-        let size = opened.store.session_bytes(info.header.id).ok();
-        match ending(&opened, info) {
-            Ok(end) => rows.push((info, Some(end), size)),
+        let size = opened
+            .store
+            .session_bytes(info.header.id)
+            .map_err(|e| opened.fail(e));
+        match (size, ending(&opened, info)) {
+            (Ok(size), Ok(end)) => rows.push((info, Some(end), Some(size))),
             // A write failing mid-output is no session's fault.
-            Err(e @ CliError::Output(_)) => return Err(e),
+            (_, Err(e @ CliError::Output(_))) => return Err(e),
             // One damaged or newer session does not hide the others: its row says so, and the
-            // exit code reports it after the listing.
-            Err(e) => {
+            // exit code reports it after the listing. The first failure is the one reported, as
+            // a failed read of the file can make the next ones fail for that reason alone.
+            (Err(e), end) => {
                 unreadable.push(e);
-                rows.push((info, None, size));
+                rows.push((info, end.ok(), None));
+            }
+            (Ok(size), Err(e)) => {
+                unreadable.push(e);
+                rows.push((info, None, Some(size)));
             }
         }
     }

@@ -133,10 +133,12 @@ fn file_sentence(path: &Path, error: &StoreError) -> Option<String> {
                 "{shown} cannot be read: an earlier read of the file failed (it is likely cut \
                  short or damaged)"
             ),
+            // A read-only open reads such a file as its writer left it; this is what remains
+            // when even that failed.
             redb::Error::RepairAborted => format!(
                 "{shown} awaits recovery by its next writer (a writer stopped without closing \
-                 it) and could not be read as it was left: open it once with a writer (for \
-                 example by restarting its host), then try again"
+                 it), and reading it as that writer left it failed: open it once with a writer \
+                 (for example by restarting its host), then try again"
             ),
             redb::Error::DatabaseAlreadyOpen => {
                 format!("{shown} is already open for writing by another process or handle")

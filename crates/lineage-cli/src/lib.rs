@@ -56,11 +56,18 @@ where
         Ok(cli) => cli,
         Err(error) => return i32::from(usage(&error, out, err)),
     };
-    let mut out = BufWriter::new(out);
+    // Notes a run on this thread left unprinted (it panicked) are not this run's.
+    drop(open::take_notes());
+    let mut out = Noted {
+        out: BufWriter::new(out),
+        err,
+        said: Vec::new(),
+    };
     let result = commands::run(cli.command, &mut out);
     // Whatever was printed before a failure (for example the rows of `ls` before a damaged
     // session) is still written out; a closed pipe is not worth a word.
     let flushed = out.flush();
+    let Noted { err, .. } = out;
     let failure = match result {
         Ok(code) => match flushed {
             Ok(()) => return i32::from(code),
@@ -72,6 +79,42 @@ where
         say(err, &message);
     }
     i32::from(failure.exit_code())
+}
+
+/// The command's output, which prints the notes opening the store left (see [`open::take_notes`])
+/// on `err` before any output and before the command ends, each once.
+struct Noted<'a> {
+    out: BufWriter<&'a mut dyn Write>,
+    err: &'a mut dyn Write,
+    said: Vec<String>,
+}
+
+impl Noted<'_> {
+    fn notes(&mut self) {
+        for note in open::take_notes() {
+            if !self.said.contains(&note) {
+                say(self.err, &format!("note: {note}"));
+                self.said.push(note);
+            }
+        }
+    }
+}
+
+impl Write for Noted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.notes();
+        self.out.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.notes();
+        self.out.write_all(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.notes();
+        self.out.flush()
+    }
 }
 
 /// Installs a panic hook that keeps quiet about panics raised inside the storage engine, and

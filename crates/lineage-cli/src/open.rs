@@ -1,5 +1,11 @@
 //! Opening a store read-only and finding the session a command names.
+//!
+//! A file whose writer stopped without closing it (a killed host) opens like any other: the store
+//! reads it as that writer left it, every durable commit included, without modifying it. The
+//! command then works normally and leaves a note ([`take_notes`]) that the file awaits recovery by
+//! its next writer, which `lineage_cli::run` prints on stderr before the command's first output.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 use lineage_log::SessionId;
@@ -41,10 +47,36 @@ pub fn open(path: &Path) -> Result<Opened, CliError> {
         Ok(_) => {}
     }
     let store = Store::open_read_only(path).map_err(|e| CliError::opening(path, e))?;
+    if store.awaits_recovery() {
+        note(format!(
+            "{shown} awaits recovery by its next writer (a writer stopped without closing it); \
+             showing its last durable commit"
+        ));
+    }
     Ok(Opened {
         store,
         path: path.to_owned(),
     })
+}
+
+thread_local! {
+    /// Notes left by the commands running on this thread, not yet printed.
+    static NOTES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Leaves `note` for the command's stderr, once however often it is left.
+fn note(note: String) {
+    NOTES.with(|notes| {
+        let mut notes = notes.borrow_mut();
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    });
+}
+
+/// The notes left on this thread since the last call, oldest first.
+pub fn take_notes() -> Vec<String> {
+    NOTES.with(|notes| std::mem::take(&mut *notes.borrow_mut()))
 }
 
 impl Opened {

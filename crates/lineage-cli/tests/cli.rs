@@ -50,6 +50,25 @@ impl Run {
         self
     }
 
+    /// Asserts exit 0 and, as the only stderr line, the note that `path` awaits recovery by its
+    /// next writer.
+    fn noted(self, path: &Path) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        assert_eq!(
+            self.stderr,
+            format!(
+                "lineage: note: {} awaits recovery by its next writer (a writer stopped without \
+                 closing it); showing its last durable commit\n",
+                path.display()
+            )
+        );
+        self
+    }
+
     /// Asserts exit `code` and exactly one stderr line `lineage: …` containing `needle`, and no
     /// sign of a panic.
     fn fails(self, code: i32, needle: &str) -> Run {
@@ -1015,6 +1034,41 @@ fn live_writer_child() {
     }
 }
 
+/// The idle writer process: opens the store for writing, says `opened`, and writes nothing until
+/// it is killed (or, as a backstop, after a minute).
+#[test]
+#[ignore = "helper process for the killed-writer test"]
+fn idle_writer_child() {
+    let Ok(path) = std::env::var(WRITER_STORE_VAR) else {
+        return;
+    };
+    let _store = Store::open(&path).expect("the writer opens the store");
+    report_line("opened");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Starts the helper test `name` in a process of its own, writing to the store at `path`.
+fn helper(name: &str, path: &Path, session: Option<SessionId>) -> Reaped {
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let mut command = Command::new(exe);
+    command
+        .args([
+            "--exact",
+            name,
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env(WRITER_STORE_VAR, path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(session) = session {
+        command.env(WRITER_SESSION_VAR, session.to_string());
+    }
+    Reaped(command.spawn().expect("the helper starts"))
+}
+
 /// A child process killed and reaped when dropped, so a failing test leaves none running.
 struct Reaped(Child);
 
@@ -1070,24 +1124,7 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("live.lineage");
     let session = SessionId::new();
-    let exe = std::env::current_exe().expect("the test binary knows its path");
-    let mut writer = Reaped(
-        Command::new(exe)
-            .args([
-                "--exact",
-                "live_writer_child",
-                "--nocapture",
-                "--include-ignored",
-                "--test-threads=1",
-            ])
-            .env(WRITER_STORE_VAR, &path)
-            .env(WRITER_SESSION_VAR, session.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the writer starts"),
-    );
+    let mut writer = helper("live_writer_child", &path, Some(session));
     let writes = lines_of(&mut writer.0);
     wait_for(&writes, |l| l.contains("ready ").then_some(()));
     let id = session.to_string();
@@ -1172,13 +1209,68 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     wait_for(&writes, |l| written(l).filter(|&n| n > goal));
     drop(tail);
 
-    // A writer killed mid-work leaves the file for the next writer to recover; a read-only open
-    // cannot, and says so.
+    // A writer killed mid-work leaves the file for the next writer to recover; meanwhile every
+    // command reads it as the writer left it, and says so.
     drop(writer);
-    run(&["ls", p]).fails(3, "open it once with a writer");
+    let listed = run(&["ls", p, "--json"]).noted(&path).json();
+    assert!(listed[0]["events"].as_u64().unwrap() >= goal);
+    let shown = run(&["show", p, &id, "--json"]).noted(&path).json();
+    assert!(shown["len"].as_u64().unwrap() >= goal);
+    let verified = run(&["verify", p]).noted(&path).stdout;
+    assert!(verified.ends_with(", 0 problems\n"), "{verified}");
+    // The next writer recovers it; then there is nothing to note.
     Store::open(&path).unwrap().close().unwrap();
     let verified = run(&["verify", p]).ok().stdout;
     assert!(verified.ends_with(", 0 problems\n"), "{verified}");
+}
+
+#[test]
+fn commands_read_a_store_whose_writer_was_killed_right_after_opening_it() {
+    let f = fixture();
+    let p = s(&f.path);
+    let root = f.root.to_string();
+    let open = f.open.to_string();
+    let clean: Vec<(Vec<&str>, String)> = [
+        vec!["ls", p, "--json"],
+        vec!["show", p, &root],
+        vec!["show", p, &open, "--json"],
+        vec!["verify", p],
+        vec!["tree", p],
+        vec!["fold", p, &open],
+        vec!["tail", p, &root],
+        vec!["export", p, &root],
+    ]
+    .into_iter()
+    .map(|args| {
+        let out = run(&args).ok().stdout;
+        (args, out)
+    })
+    .collect();
+
+    // A writer opens the store, writes nothing, and is killed.
+    let mut writer = helper("idle_writer_child", &f.path, None);
+    let said = lines_of(&mut writer.0);
+    wait_for(&said, |l| l.contains("opened").then_some(()));
+    drop(writer);
+    let bytes = std::fs::read(&f.path).unwrap();
+
+    // Every command reads it as it was, and notes that it awaits recovery.
+    for (args, before) in &clean {
+        let after = run(args).noted(&f.path).stdout;
+        assert!(after == *before, "{args:?} printed otherwise:\n{after}");
+    }
+    assert!(
+        std::fs::read(&f.path).unwrap() == bytes,
+        "reading changed nothing in the file"
+    );
+    // A failing command says both.
+    let stranger = SessionId::new().to_string();
+    let r = run(&["show", p, &stranger]);
+    assert_eq!(r.code, 2);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stderr);
+    assert!(lines[0].starts_with("lineage: note: ") && lines[0].contains("awaits recovery"));
+    assert!(lines[1].contains(&format!("session {stranger} is not in")));
 }
 
 // ---------------------------------------------------------------------------------------------

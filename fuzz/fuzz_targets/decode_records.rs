@@ -8,10 +8,15 @@ use lineage_log::{Records, decode_record, encode_record, split_record};
 fuzz_target!(|data: &[u8]| {
     for item in Records::new(data, 0) {
         let Ok((seq, raw)) = item else { break };
-        let Ok(event) = decode_record(seq, &raw) else { continue };
+        let Ok(event) = decode_record(seq, &raw) else {
+            continue;
+        };
         let again = encode_record(&event);
         let (raw_again, rest) = split_record(&again, seq).expect("an encoded record splits");
         assert!(rest.is_empty());
-        assert_eq!(decode_record(seq, &raw_again).expect("an encoded record decodes"), event);
+        assert_eq!(
+            decode_record(seq, &raw_again).expect("an encoded record decodes"),
+            event
+        );
     }
 });

@@ -1,0 +1,8 @@
+//! What the fuzz targets share: the panic policy that lets the store contain the storage engine's
+//! panics without hiding anyone else's, a storage backend several stores can open in turn, and the
+//! builders of valid logs from arbitrary bytes.
+
+pub mod backend;
+pub mod logs;
+pub mod panics;
+pub mod seeds;

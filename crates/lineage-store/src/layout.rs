@@ -94,6 +94,11 @@ impl<'a> Block<'a> {
         if count as usize > records.len() / 4 {
             return Err(corrupt("counts more records than its bytes can hold"));
         }
+        // Keeps seq arithmetic from overflowing: the seq after every block that parses (its
+        // `last_seq + 1`) is representable.
+        if first_seq.checked_add(u64::from(count)).is_none() {
+            return Err(corrupt("its records would run past the largest seq"));
+        }
         Ok(Block {
             count,
             digest,
@@ -101,6 +106,8 @@ impl<'a> Block<'a> {
         })
     }
 
+    /// The seq of the block's last record. `first_seq` is the one the block was parsed with,
+    /// which `parse` checked leaves room for every record.
     pub fn last_seq(&self, first_seq: u64) -> u64 {
         first_seq + u64::from(self.count) - 1
     }
@@ -123,6 +130,26 @@ pub(crate) fn session_blocks(session: SessionId) -> std::ops::RangeInclusive<(u1
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block whose key puts its records (or the seq after them) past `u64::MAX` is damage, refused before any seq
+    /// arithmetic can overflow.
+    #[test]
+    fn a_block_running_past_the_largest_seq_is_refused() {
+        let session = SessionId::from_u128(7);
+        let mut bytes = Vec::new();
+        encode_block(2, Digest([0; 32]), &[0u8; 8], &mut bytes);
+        let block = Block::parse(session, u64::MAX - 2, &bytes).expect("the next seq is u64::MAX");
+        assert_eq!(block.last_seq(u64::MAX - 2), u64::MAX - 1);
+        match Block::parse(session, u64::MAX - 1, &bytes) {
+            Err(StoreError::CorruptBlock {
+                first_seq, reason, ..
+            }) => {
+                assert_eq!(first_seq, u64::MAX - 1);
+                assert!(reason.contains("largest seq"), "{reason}");
+            }
+            other => panic!("expected a corrupt block, got {other:?}"),
+        }
+    }
 
     /// The session rows of `schema/golden/session.txt` decode with the store's own type and
     /// re-encode byte for byte, so the documented row layout is the one the store uses.

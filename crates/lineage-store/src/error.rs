@@ -133,6 +133,16 @@ pub enum StoreError {
         /// Why it is not one.
         reason: String,
     },
+    /// Creating a new store file failed. Nothing is left at the path (unless another process
+    /// created the store there meanwhile), so a later open creates it again.
+    #[error("could not create the store {}: {source}", path.display())]
+    CreateFailed {
+        /// The store's path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: Box<StoreError>,
+    },
     /// Another handle, in this process or another, has the file open for writing.
     #[error("{} is already open for writing by another process or handle", path.display())]
     AlreadyOpen {

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod create;
 mod error;
 mod fork;
 mod layout;

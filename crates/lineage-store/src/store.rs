@@ -1,6 +1,8 @@
 //! `Store`: the public face of the store.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,6 +19,7 @@ use redb::{
 };
 use uuid::Uuid;
 
+use crate::create;
 use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord, session_blocks,
@@ -179,7 +182,7 @@ impl Writable {
     }
 }
 
-fn open_backend(backend: impl StorageBackend, cache_bytes: usize) -> Result<Database> {
+pub(crate) fn open_backend(backend: impl StorageBackend, cache_bytes: usize) -> Result<Database> {
     // A shared lock on a range no page uses tells whether the backend has byte-range locks.
     let probe = (Bound::Included(u64::MAX - 1), Bound::Unbounded);
     let mode = match backend.try_lock_shared_range(probe.0, probe.1) {
@@ -294,20 +297,53 @@ impl Store {
 
     /// Opens the store at `path` for writing, with `options`.
     ///
+    /// A store that does not exist is created crash-safely: it is built whole under a temporary
+    /// name beside `path` and then linked into place, so a crash or an I/O error leaves either no
+    /// file at `path` or a store that opens. (An existing empty file is initialized in place.)
+    ///
     /// After a failed commit the storage engine refuses the handle that saw the failure, so the
     /// writer reopens the file before it retries.
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        Self::open_creating_with(path, options, |file| {
+            redb::backends::FileBackend::new(file).map_err(io::Error::other)
+        })
+    }
+
+    /// [`Store::open_with`], creating a missing store through the storage backend `backend` makes
+    /// of its new file (for example one that injects I/O errors). Not part of the stable API.
+    #[doc(hidden)]
+    pub fn open_creating_with<B: StorageBackend>(
+        path: impl AsRef<Path>,
+        options: StoreOptions,
+        backend: impl FnOnce(File) -> io::Result<B>,
+    ) -> Result<Store> {
         let path = path.as_ref().to_owned();
         let cache = options.cache_bytes;
-        let opener = {
-            let path = path.clone();
-            move || {
-                builder(cache)
-                    .create(&path)
-                    .map_err(|e| open_error(&path, e))
+        guard(|| {
+            if let Err(e) = std::fs::metadata(&path)
+                && e.kind() == io::ErrorKind::NotFound
+            {
+                create::create(&path, cache, backend)?;
             }
-        };
-        guard(|| Self::start(Box::new(opener), true, Some(path), options))
+            let opener = {
+                let path = path.clone();
+                move || {
+                    // Only an empty file is initialized in place (the engine's own creation); a
+                    // missing one is not recreated by a reopen.
+                    let empty = std::fs::metadata(&path).is_ok_and(|m| m.len() == 0);
+                    let builder = builder(cache);
+                    let db = if empty {
+                        builder.create(&path)
+                    } else {
+                        builder.open(&path)
+                    };
+                    db.map_err(|e| open_error(&path, e))
+                }
+            };
+            let store = Self::start(Box::new(opener), true, Some(path.clone()), options)?;
+            create::remove_leftovers(&path);
+            Ok(store)
+        })
     }
 
     /// Opens a writable store over a redb storage backend (for example
@@ -934,7 +970,7 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
 }
 
 /// Writes the `meta` table and creates the other tables of a fresh store, durably.
-fn initialize(db: &Database, path: &Path) -> Result<Uuid> {
+pub(crate) fn initialize(db: &Database, path: &Path) -> Result<Uuid> {
     let txn = db.begin_write()?;
     let id = Uuid::now_v7();
     {

@@ -41,6 +41,11 @@ pub fn contain_engine_panics() {
     let abort = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
         let in_engine = info.location().is_some_and(|l| is_engine_file(l.file()));
+        if in_engine && on_writer_thread() {
+            // The writer contains every engine call it makes and reports a panic as a failed
+            // commit (`StoreError::CommitFailed`), which the caller that flushed receives.
+            return;
+        }
         if in_engine && IN_STORE.with(Cell::get) {
             // Captured only when RUST_BACKTRACE asks for it, so contained panics stay cheap.
             let backtrace = std::backtrace::Backtrace::capture();
@@ -49,6 +54,12 @@ pub fn contain_engine_panics() {
         }
         abort(info);
     }));
+}
+
+/// Whether this is the store's writer thread (named so by `lineage_store`): the one thread of
+/// the store's own that calls the engine outside a store call.
+fn on_writer_thread() -> bool {
+    std::thread::current().name() == Some("lineage-store-writer")
 }
 
 fn fail(what: &str, why: &str, panics: &[String]) -> ! {

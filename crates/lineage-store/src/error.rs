@@ -155,6 +155,12 @@ pub enum StoreError {
     /// The store's writer has stopped.
     #[error("the store is closed")]
     Closed,
+    /// A commit failed and the store file could not be opened again since; every flush retries.
+    #[error("the store file could not be reopened after a failed commit: {reason}")]
+    Unavailable {
+        /// Why the latest reopen failed.
+        reason: String,
+    },
     /// A group commit failed. Its batches stay queued, in order, and the next flush retries them.
     #[error("commit failed; the batches stay queued and the next flush retries them: {source}")]
     CommitFailed {

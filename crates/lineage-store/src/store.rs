@@ -137,20 +137,46 @@ pub(crate) type Opener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
 /// The writable database, which the writer replaces after a failed commit: the storage engine
 /// refuses every later transaction on the handle that saw an I/O failure. While a reopen has not
 /// succeeded (a long read transaction can keep the old handle's file lock), reads report
-/// [`StoreError::Closed`] and every flush retries the reopen.
+/// [`StoreError::Unavailable`] naming why the reopen failed, and every flush retries the reopen.
 pub(crate) struct Writable {
     current: RwLock<Option<Arc<Database>>>,
     opener: Option<Opener>,
+    /// Why the last reopen failed, while no handle is in place.
+    reopen_failure: Mutex<Option<String>>,
 }
 
 impl Writable {
-    /// The current handle. `Closed` while a reopen has not yet succeeded.
+    /// The current handle. `Unavailable` (or `Closed`, for storage that cannot be reopened) while
+    /// a reopen has not yet succeeded.
     pub fn get(&self) -> Result<Arc<Database>> {
-        self.current
+        if let Some(db) = self
+            .current
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or(StoreError::Closed)
+        {
+            return Ok(db);
+        }
+        match self
+            .reopen_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(reason) => Err(StoreError::Unavailable { reason }),
+            None => Err(StoreError::Closed),
+        }
+    }
+
+    /// Drops the current handle, containing a panic the engine raises while closing a damaged
+    /// file. Returns the panic's message, if any.
+    fn release(&self) -> Option<String> {
+        let old = self
+            .current
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        contained(move || drop(old)).err()
     }
 
     /// Drops the current handle and opens the storage again. Returns whether a fresh handle is
@@ -167,15 +193,23 @@ impl Writable {
             while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            drop(old);
+            if let Err(panic) = contained(move || drop(old)) {
+                tracing::warn!(%panic, "the storage engine panicked closing a failed handle");
+            }
         }
-        match opener() {
+        let mut failure = self
+            .reopen_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match guard(opener) {
             Ok(db) => {
                 *current = Some(Arc::new(db));
+                *failure = None;
                 true
             }
             Err(error) => {
                 tracing::warn!(%error, "reopening the store after a failed commit failed");
+                *failure = Some(error.to_string());
                 false
             }
         }
@@ -221,14 +255,24 @@ impl Drop for Inner {
         if let Some(handle) = handle
             && handle.join().is_err()
         {
-            tracing::warn!("the store's writer thread panicked");
+            tracing::error!(path = ?self.path, "the store's writer thread panicked");
         }
+        // Failures after the last flush have no caller left to return to: they are reported here.
         let state = self.queue.lock();
         if state.pending_blocks > 0 {
-            tracing::warn!(
+            let failure = state.last_failure.as_ref().map(|e| e.to_string());
+            tracing::error!(
+                path = ?self.path,
                 blocks = state.pending_blocks,
-                "store closed with batches that could not be committed"
+                failure = failure.as_deref().unwrap_or("none recorded"),
+                "the store closed with admitted batches that could not be committed; they are lost"
             );
+        }
+        drop(state);
+        if let Db::Write(db) = &self.db
+            && let Some(panic) = db.release()
+        {
+            tracing::error!(path = ?self.path, %panic, "the storage engine panicked closing the store file");
         }
     }
 }
@@ -421,6 +465,7 @@ impl Store {
         let db = Arc::new(Writable {
             current: RwLock::new(Some(Arc::new(db))),
             opener: reopenable.then_some(opener),
+            reopen_failure: Mutex::new(None),
         });
         let queue = Arc::new(Queue::new());
         let handle = {
@@ -517,7 +562,7 @@ impl Store {
         if self.inner.queue.lock().tails.contains_key(&session) {
             return Err(StoreError::SessionExists { session });
         }
-        match read_record(&self.begin_read()?, session) {
+        match guard(|| read_record(&self.begin_read()?, session)) {
             Err(StoreError::UnknownSession { .. }) => Ok(()),
             Err(e) => Err(e),
             Ok(_) => Err(StoreError::SessionExists { session }),

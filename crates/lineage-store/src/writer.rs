@@ -14,7 +14,7 @@ use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 use redb::Database;
 
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, encode_block};
-use crate::store::Writable;
+use crate::store::{Writable, contained};
 use crate::{Result, StoreError, StoreOptions};
 
 /// Admitted records of one session, not yet durable: a contiguous run ending at `digest`.
@@ -219,15 +219,19 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
 
         // A handle is missing only after a reopen failed: try again before committing.
         let handle = db.get().or_else(|_| {
-            if db.reopen() {
-                db.get()
-            } else {
-                Err(StoreError::Closed)
-            }
+            db.reopen();
+            db.get()
         });
         let result = match handle {
-            Ok(handle) => commit(&handle, &jobs, &options, &mut scratch),
-            Err(_) => Err(redb::Error::DatabaseClosed),
+            // The engine may panic committing onto a damaged file: that is a failed commit.
+            Ok(handle) => contained(|| commit(&handle, &jobs, &options, &mut scratch))
+                .unwrap_or_else(|panic| {
+                    Err(redb::Error::Corrupted(format!(
+                        "the storage engine panicked committing: {panic}"
+                    )))
+                }),
+            // Name why the file is unavailable, not only that it is.
+            Err(error) => Err(redb::Error::Io(std::io::Error::other(error.to_string()))),
         };
         if result.is_err() {
             // The engine refuses a handle after an I/O failure: reopen before any retry.

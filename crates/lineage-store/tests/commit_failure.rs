@@ -18,6 +18,8 @@ use redb::backends::InMemoryBackend;
 enum Breaks {
     Sync,
     Write,
+    /// Every read, write and sync: even reopening the storage fails.
+    Everything,
 }
 
 /// Memory storage whose `sync_data` or `write` fails with an I/O error while the switch is on.
@@ -53,19 +55,22 @@ impl StorageBackend for Flaky {
         self.memory.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        if let Breaks::Everything = self.breaks {
+            self.fail("read")?;
+        }
         self.memory.read(offset, out)
     }
     fn set_len(&self, len: u64) -> std::io::Result<()> {
         self.memory.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
-        if let Breaks::Sync = self.breaks {
+        if let Breaks::Sync | Breaks::Everything = self.breaks {
             self.fail("sync")?;
         }
         self.memory.sync_data()
     }
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        if let Breaks::Write = self.breaks {
+        if let Breaks::Write | Breaks::Everything = self.breaks {
             self.fail("write")?;
         }
         self.memory.write(offset, data)
@@ -209,4 +214,43 @@ fn once_storage_recovers_a_flush_commits_every_queued_batch_in_order() {
         assert_eq!(listed.len, 6);
         assert_intact(&store.verify().unwrap());
     }
+}
+
+#[test]
+fn while_storage_keeps_failing_every_error_names_the_io_error() {
+    let (store, failing, _backend, id) = store_with_a_committed_turn(Breaks::Everything);
+    failing.store(true, Ordering::SeqCst);
+    let second = completed_turn(2, 6, "second");
+    let error = store.append(id, &second).unwrap_err();
+    assert!(
+        matches!(error, StoreError::CommitFailed { .. }) && error.to_string().contains("injected"),
+        "the append names the I/O error: {error}"
+    );
+    // The failed handle was dropped and reopening the storage fails too: nothing says only that
+    // the store is closed.
+    for attempt in 0..3 {
+        let error = store.flush_all().unwrap_err();
+        assert!(
+            matches!(error, StoreError::CommitFailed { .. })
+                && error.to_string().contains("injected read failure"),
+            "flush {attempt} names why the file cannot be reopened: {error}"
+        );
+        match store.info(id) {
+            Err(StoreError::Unavailable { reason }) => {
+                assert!(
+                    reason.contains("injected read failure"),
+                    "read {attempt}: {reason}"
+                )
+            }
+            other => panic!("read {attempt}: expected Unavailable, got {other:?}"),
+        }
+    }
+    failing.store(false, Ordering::SeqCst);
+    store
+        .flush_all()
+        .unwrap_or_else(|e| panic!("the flush after recovery failed: {e}"));
+    let mut expected = completed_turn(1, 0, "committed");
+    expected.extend(second);
+    assert_eq!(store.load(id).unwrap().events, expected);
+    assert_intact(&store.verify().unwrap());
 }

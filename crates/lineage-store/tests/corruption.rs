@@ -240,6 +240,15 @@ fn poke(path: &Path, what: &str) -> Vec<String> {
             for info in store.list().unwrap_or_default() {
                 let _ = store.load(info.header.id);
             }
+            // A commit onto the damaged file, then the drop, which closes it.
+            let (id, header) = fresh();
+            let imported = store.import(header, &completed_turn(1, 0, "onto damage"));
+            // `Closed` from a store still open means its writer thread died of a panic.
+            assert!(
+                !matches!(imported, Err(StoreError::Closed)),
+                "the writer thread stopped"
+            );
+            let _ = store.info(id);
         }
     });
     panics
@@ -340,6 +349,25 @@ fn garbled_files_never_panic() {
         std::fs::write(&work, &flipped).unwrap();
         panics.extend(poke(&work, &format!("flip {round}: one bit at {at}")));
     }
+    assert!(panics.is_empty(), "the store panicked on: {panics:#?}");
+}
+
+/// Files on which the storage engine panicked where the store did not contain it: reading a
+/// session row to create one, committing on the writer thread, closing the file at drop.
+#[test]
+fn the_fuzzers_damaged_files_never_panic() {
+    let found = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/open_store");
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work.lineage");
+    let mut panics = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&found).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), &work).unwrap();
+        panics.extend(poke(&work, &entry.file_name().to_string_lossy()));
+        files += 1;
+    }
+    assert!(files >= 3, "the regressions are at {}", found.display());
     assert!(panics.is_empty(), "the store panicked on: {panics:#?}");
 }
 

@@ -17,8 +17,19 @@
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lineage_store::StoreError;
+
+/// Engine panics seen since the process started, on every thread.
+static ENGINE_PANICS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many times the storage engine has panicked in this process. After a panic the engine may
+/// refuse a handle for good (a poisoned lock): reads the target expects to succeed may then fail
+/// as `StoreError::Damaged`.
+pub fn engine_panics() -> usize {
+    ENGINE_PANICS.load(Ordering::Relaxed)
+}
 
 thread_local! {
     static IN_STORE: Cell<bool> = const { Cell::new(false) };
@@ -41,6 +52,9 @@ pub fn contain_engine_panics() {
     let abort = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
         let in_engine = info.location().is_some_and(|l| is_engine_file(l.file()));
+        if in_engine {
+            ENGINE_PANICS.fetch_add(1, Ordering::Relaxed);
+        }
         if in_engine && on_writer_thread() {
             // The writer contains every engine call it makes and reports a panic as a failed
             // commit (`StoreError::CommitFailed`), which the caller that flushed receives.

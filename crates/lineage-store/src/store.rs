@@ -845,8 +845,19 @@ impl Store {
 /// The engine trusts its own file: some damage to a page's structure makes it panic rather than
 /// return an error. Such a panic is contained here and reported as [`StoreError::Damaged`], so no
 /// input file can take the host process down.
+///
+/// A lock the engine poisoned in an earlier panic makes it refuse the handle from then on; that is
+/// the same damage, reported the same way.
 pub(crate) fn guard<T>(operation: impl FnOnce() -> Result<T>) -> Result<T> {
-    contained(operation).unwrap_or_else(|reason| Err(StoreError::Damaged { reason }))
+    match contained(operation) {
+        Ok(Err(StoreError::Storage(redb::Error::LockPoisoned(at)))) => Err(StoreError::Damaged {
+            reason: format!(
+                "the storage engine failed on this file earlier (a lock poisoned at {at})"
+            ),
+        }),
+        Ok(result) => result,
+        Err(reason) => Err(StoreError::Damaged { reason }),
+    }
 }
 
 /// Runs `operation`, returning the message of a panic inside it instead of unwinding.

@@ -11,8 +11,9 @@
 //!
 //! Host code cannot stop an agent by panicking: a tool's panic is its call's error result, and a
 //! panic in a model (starting a request, in its stream or in the stream's drop) or in a pre-step
-//! hook ends the turn `error` ([`MODEL_PANICKED`], [`HOOK_PANICKED`]) with the panic's message,
-//! the log balanced, and the agent idle and ready for the next message.
+//! hook ends the turn `error` ([`MODEL_PANICKED`], [`HOOK_PANICKED`]; [`TURN_PANICKED`] for other
+//! host code the turn calls, such as a tool's schema) with the panic's message, the log balanced,
+//! and the agent idle and ready for the next message.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -43,4 +44,4 @@ pub use tool::{
     ABORTED_BEFORE_DISPATCH, BoxFuture, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, Tool,
     ToolContext, ToolOutput, Toolset,
 };
-pub use turn::{NO_MODEL, PERSISTENCE};
+pub use turn::{NO_MODEL, PERSISTENCE, TURN_PANICKED};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lineage_log::{
     AbortCause, AssistantChunk, AssistantMessage, CallId, ContentBlock, FinishReason, InboxTarget,
     Message, MessageId, MessageSource, Role, StepEnd, StepNo, StepStart, StreamChunk, Text,
-    ToolCall, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo,
+    ToolCall, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo, interrupted_turn_closers,
 };
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -27,6 +27,9 @@ use crate::{
 pub const NO_MODEL: &str = "NO_MODEL";
 /// The error code of a turn that could not write its log.
 pub const PERSISTENCE: &str = "PERSISTENCE";
+/// The error code of a turn that panicked outside a model, a hook or a tool call (in host code the
+/// driver calls directly, such as a tool's `input_schema`).
+pub const TURN_PANICKED: &str = "TURN_PANICKED";
 
 /// A turn that has been opened (`turn/start` written, first input claimed) and must be run.
 pub(crate) struct Opened {
@@ -93,12 +96,23 @@ async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
         cancel,
         claimed,
     } = opened;
-    let reason = match turn_body(agent, turn, &cancel, claimed).await {
-        Ok(reason) => reason,
-        Err(Stop::Aborted(cause)) => TurnEndReason::Aborted { cause },
-        Err(Stop::Failed(error)) => {
+    // The driver calls host code outside the model and the hooks too (a tool's `available`,
+    // `input_schema`, `guidance` or `parallel_safe`): a panic anywhere in the turn ends the turn.
+    let body = Contained::new(Box::pin(turn_body(agent, turn, &cancel, claimed)), "a turn");
+    let reason = match body.await {
+        Ok(Ok(reason)) => reason,
+        Ok(Err(Stop::Aborted(cause))) => TurnEndReason::Aborted { cause },
+        Ok(Err(Stop::Failed(error))) => {
             tracing::warn!(code = %error.code, message = %error.message, "turn failed");
             TurnEndReason::Error(Box::new(error))
+        }
+        Err(panic) => {
+            tracing::error!(%panic, "the turn panicked");
+            close_torn_step(agent);
+            TurnEndReason::Error(Box::new(turn_error(
+                TURN_PANICKED,
+                format!("agent {}: turn {turn} panicked: {panic}", agent.id()),
+            )))
         }
     };
     if let Err(error) = agent.append(TurnEnd {
@@ -111,6 +125,19 @@ async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
         tracing::warn!(%error, "could not flush at turn end");
     }
     reason
+}
+
+/// Closes what a panicking turn left open, as crash repair would: an error result for each call
+/// without one, then `step/end`. The `turn/end` is the caller's.
+fn close_torn_step(agent: &Agent) {
+    let mut closers = agent.with_events(interrupted_turn_closers);
+    closers.pop();
+    for closer in closers {
+        if let Err(error) = agent.append(closer.body) {
+            tracing::warn!(%error, "could not close the step of a turn that panicked");
+            return;
+        }
+    }
 }
 
 async fn turn_body(

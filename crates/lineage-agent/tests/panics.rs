@@ -1,6 +1,7 @@
 //! Panics in host code end the turn, never the agent: a model that panics when asked, while its
 //! stream is read or when its stream is dropped, and a pre-step hook that panics (in the call or in
-//! its future) or fails. Each turn ends `error` with a stable code and the panic's message, the log
+//! its future) or fails, and a tool method the driver calls itself (`input_schema`,
+//! `parallel_safe`). Each turn ends `error` with a stable code and the panic's message, the log
 //! stays balanced, and the agent goes idle, serves the next message and can be disposed.
 //!
 //! Time is paused and every wait is bounded, so a regression fails instead of hanging: the limit
@@ -498,4 +499,122 @@ impl Hooks for CancellingHook {
             Err(HookError::new("cancelled under me"))
         })
     }
+}
+
+/// Which of its methods a brittle tool panics in, the first time it is asked.
+#[derive(Clone, Copy, Debug)]
+enum Brittle {
+    /// `input_schema`, read for every model request.
+    Schema,
+    /// `parallel_safe`, asked before its call is dispatched.
+    ParallelSafe,
+}
+
+struct BrittleTool {
+    brittle: Brittle,
+    tripped: std::sync::atomic::AtomicBool,
+}
+
+impl BrittleTool {
+    fn trip(&self, now: Brittle) {
+        if std::mem::discriminant(&now) == std::mem::discriminant(&self.brittle)
+            && !self.tripped.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("the tool broke in {now:?}");
+        }
+    }
+}
+
+impl lineage_agent::Tool for BrittleTool {
+    fn name(&self) -> &str {
+        "brittle"
+    }
+    fn description(&self) -> &str {
+        "a tool that breaks once"
+    }
+    fn input_schema(&self) -> serde_json::Value {
+        self.trip(Brittle::Schema);
+        serde_json::json!({"type": "object"})
+    }
+    fn parallel_safe(&self, _: &serde_json::Value) -> bool {
+        self.trip(Brittle::ParallelSafe);
+        false
+    }
+    fn call(
+        &self,
+        _: lineage_agent::ToolContext,
+        _: serde_json::Value,
+    ) -> BoxFuture<'_, ToolOutput> {
+        Box::pin(async { ToolOutput::text("done") })
+    }
+}
+
+/// A panic in a tool method the driver calls itself ends the turn `TURN_PANICKED`, with what the
+/// step left open closed as crash repair would close it; the next message runs a normal turn.
+async fn a_tool_method_panic_ends_only_its_turn(
+    brittle: Brittle,
+    script: Vec<Response>,
+) -> Vec<lineage_log::Event> {
+    let h = Harness::new(script);
+    let tool = Arc::new(BrittleTool {
+        brittle,
+        tripped: Default::default(),
+    });
+    let agent = h.agent_with(spec_with_tools(vec![tool])).await;
+    agent.followup(user("first")).unwrap();
+    within(agent.when_idle()).await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    let events = agent.events();
+    let (code, message) = error_of(&turn_ends(&events)[0]);
+    assert_eq!(code, lineage_agent::TURN_PANICKED);
+    assert!(
+        message.contains(&format!("the tool broke in {brittle:?}")),
+        "the error carries the panic's message: {message:?}"
+    );
+    assert_balanced(&events);
+
+    agent.followup(user("second")).unwrap();
+    within(agent.when_idle()).await;
+    let events = agent.events();
+    assert_eq!(turn_ends(&events)[1..], [TurnEndReason::Completed]);
+    assert_eq!(assistant_texts(&events).last().unwrap(), "after");
+    assert_balanced(&events);
+    within(agent.dispose()).await;
+    assert_stored(&h.store, &agent);
+    events
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_whose_schema_panics_ends_the_turn_before_the_model_is_asked() {
+    let events =
+        a_tool_method_panic_ends_only_its_turn(Brittle::Schema, vec![Response::text("after")])
+            .await;
+    let first_end = events
+        .iter()
+        .position(|e| e.kind() == EventKind::TurnEnd)
+        .unwrap();
+    assert!(
+        !events[..first_end]
+            .iter()
+            .any(|e| e.kind() == EventKind::AssistantChunk),
+        "the model was not asked in the first turn"
+    );
+    assert_eq!(events[first_end - 1].kind(), EventKind::StepEnd);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_whose_parallel_safe_panics_ends_the_turn_with_its_call_answered() {
+    let events = a_tool_method_panic_ends_only_its_turn(
+        Brittle::ParallelSafe,
+        vec![
+            Response::tool_call("c1", "brittle", "{}"),
+            Response::text("after"),
+        ],
+    )
+    .await;
+    // The call never started: crash repair's answer for it, then the step's end.
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "c1");
+    assert_eq!(results[0].2.as_deref(), Some(lineage_log::TOOL_NOT_STARTED));
 }

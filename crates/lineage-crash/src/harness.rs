@@ -355,7 +355,12 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
             }
             reset = true;
         }
-        note_strays(&config.dir, &mut totals.strays);
+        // A creator killed before it linked the store leaves its temporary file until the next
+        // writable open, which the check makes whenever the store exists: only then must the
+        // directory hold nothing else.
+        if !outcome.no_file {
+            note_strays(&config.dir, &mut totals.strays);
+        }
         for f in found {
             let failure = Failure {
                 cycle,
@@ -426,7 +431,7 @@ fn stderr_tail(path: &Path) -> String {
     }
 }
 
-/// Counts files in the work directory that the harness did not put there.
+/// Counts files in the work directory that neither the harness nor the store being open put there.
 fn note_strays(dir: &Path, strays: &mut BTreeMap<String, u32>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;

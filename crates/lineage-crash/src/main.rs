@@ -214,7 +214,7 @@ fn summary(config: &Config, t: &Totals, took: Duration) -> String {
         let names: Vec<&str> = t.strays.keys().take(3).map(String::as_str).collect();
         let _ = writeln!(
             s,
-            "  files left beside the store (not by the harness): {} ({}{})",
+            "  files left beside the store after a writable open (not by the harness): {} ({}{})",
             t.strays.len(),
             names.join(", "),
             if t.strays.len() > 3 { ", …" } else { "" }

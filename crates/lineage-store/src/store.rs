@@ -768,7 +768,9 @@ impl Store {
         guard(|| {
             let txn = self.begin_read()?;
             let table = txn.open_table(SESSIONS)?;
-            let mut out = Vec::with_capacity(table.len()? as usize);
+            // The table's length is the file's word, which damage can make anything: sized by
+            // it only up to a bound.
+            let mut out = Vec::with_capacity(table.len()?.min(1 << 16) as usize);
             for entry in table.iter()? {
                 let (key, value) = entry?;
                 let session = SessionId::from_u128(key.value());

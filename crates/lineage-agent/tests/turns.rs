@@ -880,6 +880,30 @@ async fn a_host_records_policy_and_custom_events_but_not_runtime_events() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_host_custom_event_must_carry_strict_json() {
+    let h = Harness::new([]);
+    let agent = h.agent().await;
+    let custom = |payload: &str| lineage_log::Custom {
+        type_name: "budget/spent".into(),
+        payload: payload.into(),
+        ignorable: true,
+    };
+    assert_eq!(agent.record(custom(r#"{"cents": 12}"#)).unwrap(), 0);
+    for payload in [r#"{"cents": NaN}"#, r#"{"cents": -0}"#, "twelve"] {
+        match agent.record(custom(payload)) {
+            Err(lineage_agent::AgentError::Log {
+                source: lineage_log::LogError::InvalidEvent { seq: 1, reason, .. },
+                ..
+            }) => assert!(reason.contains("strict JSON"), "{payload:?}: {reason}"),
+            other => panic!("{payload:?}: expected the event at seq 1 refused, got {other:?}"),
+        }
+    }
+    assert_eq!(kinds(&agent.events()), ["custom"]);
+    agent.flush().await.unwrap();
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
 async fn changes_count_status_and_inbox_changes_without_copying_events() {
     let h = Harness::new([Response::text("hi")]);
     let agent = h.agent().await;

@@ -18,6 +18,7 @@ mod fold;
 mod fork;
 mod header;
 mod ids;
+mod json;
 mod message;
 mod rules;
 mod text;
@@ -43,6 +44,7 @@ pub use fork::{
 };
 pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
 pub use ids::{CallId, MessageId, RunId, SessionId};
+pub use json::check_strict_json;
 pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};
 pub use rules::{
     Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append, check_seed,

@@ -1,6 +1,7 @@
 //! The log's rules as pure functions: event shape, turn structure, the append and seed contracts,
 //! balance, and the closers that crash repair appends.
 
+use crate::json::check_strict_json;
 use crate::message::MAX_NESTING;
 use crate::{
     CallId, ContentBlock, Event, EventBody, EventKind, LogError, Message, MessageId, MessageSource,
@@ -20,7 +21,8 @@ const OUTCOME_UNKNOWN_TEXT: &str = "This tool call was recorded as started, but 
      Never retry it blindly.";
 
 /// Checks the rules one event must satisfy on its own: message roles and sources, the single
-/// tool-result block of a `tool/result`, and that `session/lineage` sits at `seq == seed_len`.
+/// tool-result block of a `tool/result`, that `session/lineage` sits at `seq == seed_len`, and
+/// that a `custom` event names its type and carries strict JSON.
 pub fn check_shape(event: &Event) -> Result<(), String> {
     fn user(message: &Message, what: &str) -> Result<(), String> {
         if message.role != Role::User {
@@ -78,6 +80,12 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
         EventBody::Custom(custom) if custom.type_name.is_empty() => {
             Err("custom event must name its type".into())
         }
+        EventBody::Custom(custom) => check_strict_json(&custom.payload).map_err(|problem| {
+            format!(
+                "the payload of custom event {:?} is not strict JSON: {problem}",
+                custom.type_name.as_str()
+            )
+        }),
         EventBody::Opaque(opaque)
             if opaque.tag == 0 || EventKind::from_tag(opaque.tag).is_some() =>
         {

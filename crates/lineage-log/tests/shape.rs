@@ -3,7 +3,8 @@
 //! User messages and inbox insertions have role user; assistant messages have role assistant and a
 //! model source naming provider and model; a tool result has role user, a tool source, and exactly
 //! one tool-result block answering the call its source names; `session/lineage` sits at
-//! `seq == seed_len`; a custom event names its type. Append and seed both enforce these.
+//! `seq == seed_len`; a custom event names its type and carries strict JSON. Append and seed both
+//! enforce these.
 
 use lineage_log::{
     CallId, ContentBlock, Custom, Digest, Event, EventBody, EventKind, InboxSpliced, InboxTarget,
@@ -202,6 +203,58 @@ fn a_custom_event_names_its_type() {
     };
     ok(custom("todo/write"));
     bad(custom(""));
+}
+
+fn custom_with(payload: &str) -> Custom {
+    Custom {
+        type_name: "todo/write".into(),
+        payload: payload.into(),
+        ignorable: false,
+    }
+}
+
+#[test]
+fn a_custom_payload_is_strict_json() {
+    ok(custom_with(r#"{"todos": [{"done": false, "cost": -0.5}]}"#));
+    for (payload, problem) in [
+        ("not json", "expected a value"),
+        (r#"{"cost": NaN}"#, "NaN is not a JSON number"),
+        ("[Infinity]", "Infinity is not a JSON number"),
+        (r#"{"delta": -0}"#, "-0 is negative zero"),
+        ("1e999", "too large for a double"),
+        ("", "ends where a value was expected"),
+        ("{} trailing", "more after the value"),
+    ] {
+        let reason = bad(custom_with(payload));
+        assert!(
+            reason.contains("todo/write") && reason.contains(problem),
+            "{payload:?}: {reason}"
+        );
+    }
+}
+
+#[test]
+fn a_log_refuses_a_batch_with_a_custom_payload_json_cannot_carry_and_keeps_nothing_of_it() {
+    let mut log = Log::new();
+    log.append(vec![at(0, custom_with("{}"))]).unwrap();
+    let batch = vec![at(1, custom_with("[1]")), at(2, custom_with("[NaN]"))];
+    match log.append(batch) {
+        Err(LogError::InvalidEvent {
+            seq: 2,
+            kind,
+            reason,
+        }) => {
+            assert_eq!(kind, EventKind::Custom);
+            assert!(reason.contains("NaN"), "{reason}");
+        }
+        other => panic!("expected the event at seq 2 to be refused, got {other:?}"),
+    }
+    assert_eq!(
+        log.next_seq(),
+        1,
+        "nothing of the refused batch entered the log"
+    );
+    assert!(check_seed(&[at(0, custom_with("-0.0"))]).is_err());
 }
 
 #[test]

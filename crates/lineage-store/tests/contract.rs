@@ -295,6 +295,19 @@ fn batch_with_an_invalid_event_is_refused_whole() {
             7,
             EventKind::StepStart,
         ),
+        (
+            "custom payload that JSON cannot carry",
+            vec![
+                ev::user(mid(6, 9), "between turns"),
+                EventBody::from(lineage_log::Custom {
+                    type_name: "budget/spent".into(),
+                    payload: r#"{"cents": NaN}"#.into(),
+                    ignorable: true,
+                }),
+            ],
+            7,
+            EventKind::Custom,
+        ),
     ];
     for (what, bodies, bad_seq, bad_kind) in cases {
         match store.append(id, &events_from(6, bodies)) {

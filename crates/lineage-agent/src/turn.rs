@@ -454,8 +454,9 @@ impl Started {
 /// Runs the calls of one assistant message. Calls start in model order: a call that is not
 /// parallel-safe runs alone, parallel-safe calls run together up to the agent's limit. Results
 /// are committed in model order. Every `tool/call` is durable before its tool runs. Once the turn
-/// is cancelled no call starts; started calls settle and commit, and every unstarted call gets a
-/// `tool/call` with an `ABORTED_BEFORE_DISPATCH` result, so the log stays paired. Returns whether
+/// is cancelled no call starts, not even one whose `tool/call` was being flushed when the cancel
+/// came; started calls settle and commit, and every call that did not start gets an
+/// `ABORTED_BEFORE_DISPATCH` result (and its `tool/call` first), so the log stays paired. Returns whether
 /// a result concluded the turn.
 async fn run_tool_calls(
     agent: &Arc<Agent>,
@@ -505,9 +506,12 @@ async fn run_tool_calls(
             // The calls are durable before anything they do can happen.
             agent.flush().await?;
         }
+        // A cancel that lands while the calls are flushed keeps their bodies from starting.
+        let cancelled = cancel.is_cancelled();
         for (call_id, next, parallel) in dispatch {
             let started = match next {
                 Prepared::Decided(output) => Started::Decided(output),
+                Prepared::Dispatch(..) if cancelled => Started::Decided(not_dispatched()),
                 Prepared::Dispatch(tool, arguments) => {
                     let ctx = ToolContext {
                         agent: agent.clone(),
@@ -538,14 +542,18 @@ async fn run_tool_calls(
             name,
             arguments: raw,
         })?;
-        let output = ToolOutput::error(
-            "Aborted",
-            ABORTED_BEFORE_DISPATCH,
-            "This tool call did not run: its turn was cancelled before it started.",
-        );
-        commit(agent, turn, step, call_id, output)?;
+        commit(agent, turn, step, call_id, not_dispatched())?;
     }
     Ok(concluded)
+}
+
+/// The result of a call whose turn was cancelled before its body started.
+fn not_dispatched() -> ToolOutput {
+    ToolOutput::error(
+        "Aborted",
+        ABORTED_BEFORE_DISPATCH,
+        "This tool call did not run: its turn was cancelled before it started.",
+    )
 }
 
 /// Writes a call's `tool/result`, then queues its contexts for the next step.

@@ -291,16 +291,21 @@ async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones()
         None,
         &[("c1", "until_cancelled", "{}"), ("c2", "echo", "{}")],
     )]);
-    let until_cancelled = FnTool::new("until_cancelled", |ctx, _| async move {
-        ctx.cancel.cancelled().await;
-        ToolOutput::text("stopped cleanly")
+    let (started_tx, started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let until_cancelled = FnTool::new("until_cancelled", move |ctx, _| {
+        let started_tx = started_tx.clone();
+        async move {
+            let _ = started_tx.send(());
+            ctx.cancel.cancelled().await;
+            ToolOutput::text("stopped cleanly")
+        }
     });
     let agent = h
         .agent_with(spec_with_tools(vec![until_cancelled, echo()]))
         .await;
-    let mut rx = agent.subscribe();
     agent.followup(user("x")).unwrap();
-    wait_appended(&mut rx, EventKind::ToolCall).await;
+    let mut started = started;
+    started.recv().await.expect("the first call's body starts");
     agent.cancel(AbortCause::Parent, false).unwrap();
     agent.when_idle().await;
     let events = agent.events();
@@ -327,6 +332,53 @@ async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones()
         ]
     );
     assert_eq!(turn_ends(&events), [aborted(AbortCause::Parent)]);
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_while_calls_are_flushed_before_dispatch_keeps_their_bodies_from_running() {
+    let h = Harness::new([Response::tool_calls(
+        None,
+        &[("c1", "effect", "{}"), ("c2", "effect", "{}")],
+    )]);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let effect = {
+        let ran = ran.clone();
+        FnTool::parallel("effect", move |_, _| {
+            let ran = ran.clone();
+            async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                ToolOutput::text("it happened")
+            }
+        })
+    };
+    let agent = h.agent_with(spec_with_tools(vec![effect])).await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("x")).unwrap();
+    // Both calls are recorded, and the driver is flushing them before it dispatches: cancel now.
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    agent.cancel(AbortCause::User, false).unwrap();
+    agent.when_idle().await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no body ran");
+    let events = agent.events();
+    let not_run = "This tool call did not run: its turn was cancelled before it started.";
+    assert_eq!(
+        tool_results(&events),
+        [
+            (
+                "c1".into(),
+                not_run.into(),
+                Some(ABORTED_BEFORE_DISPATCH.into())
+            ),
+            (
+                "c2".into(),
+                not_run.into(),
+                Some(ABORTED_BEFORE_DISPATCH.into())
+            ),
+        ]
+    );
+    assert_eq!(turn_ends(&events), [aborted(AbortCause::User)]);
     assert_balanced(&events);
     assert_stored(&h.store, &agent);
 }

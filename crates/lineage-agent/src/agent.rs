@@ -8,7 +8,7 @@ use lineage_log::{
     AbortCause, Event, EventBody, Header, InboxSpliced, InboxTarget, Log, Message, MessageId, Role,
     SessionId, Text, TurnNo, TurnStart, check_append, fold_delegation_depth, own_suffix,
 };
-use lineage_store::Store;
+use lineage_store::{SessionOwner, Store};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
@@ -159,6 +159,9 @@ pub struct Agent {
     changes: watch::Sender<u64>,
     disposal: Mutex<Option<watch::Receiver<bool>>>,
     registry: Weak<Registry>,
+    /// The agent's ownership of its session in the store, held until disposal ends: while it is
+    /// held, `Store::load` never repairs the session underneath the agent.
+    owner: Mutex<Option<SessionOwner>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -194,6 +197,7 @@ impl Agent {
         store: Store,
         runtime: Handle,
         registry: Weak<Registry>,
+        owner: SessionOwner,
     ) -> Result<Arc<Agent>, AgentError> {
         let id = header.id;
         let inbox = Inbox::replay(own_suffix(log.events())).map_err(|(seq, reason)| {
@@ -223,6 +227,7 @@ impl Agent {
             changes: watch::Sender::new(0),
             disposal: Mutex::new(None),
             registry,
+            owner: Mutex::new(Some(owner)),
         }))
     }
 
@@ -466,6 +471,8 @@ impl Agent {
             registry.remove(&self);
         }
         lock(&self.state).subscribers.clear();
+        // Last: the session is the store's to repair again once nothing more will be appended.
+        drop(lock(&self.owner).take());
     }
 
     // ----- the log -------------------------------------------------------------------------------

@@ -247,6 +247,12 @@ impl Agents {
         log: Log,
         (config, tools): (Config, Toolset),
     ) -> Result<Arc<Agent>, AgentError> {
+        let id = header.id;
+        let owner = self
+            .inner
+            .store
+            .own(id)
+            .map_err(|source| AgentError::Store { agent: id, source })?;
         let agent = Agent::new(
             header,
             options,
@@ -256,6 +262,7 @@ impl Agents {
             self.inner.store.clone(),
             Handle::current(),
             Arc::downgrade(&self.inner),
+            owner,
         )?;
         lock(&self.inner.slots).insert(agent.id(), Slot::Live(agent.clone()));
         reservation.published = true;

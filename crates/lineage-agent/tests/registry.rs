@@ -157,8 +157,10 @@ async fn resume_continues_numbering_and_leaves_restored_work_parked() {
     assert_eq!(second.events()[..before], agent.events()[..before]);
     second.inject(user("restored context")).unwrap();
     h.store.flush(id).unwrap();
+    // Simulate a restart: forget the live agent and its registry without disposal (which would
+    // discard input); with them goes the agent's ownership of its session.
     drop(second);
-    // Simulate a restart: forget the live agent without disposal (which would discard input).
+    drop(h.agents);
     let restarted = lineage_agent::Agents::new(h.store.clone(), h.model.clone());
     let third = restarted.resume(id, spec()).await.unwrap();
     assert_eq!(third.status(), AgentStatus::Idle);

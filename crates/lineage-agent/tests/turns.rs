@@ -137,6 +137,37 @@ fn gated_tool(name: &'static str, gate: &Gate) -> Arc<FnTool> {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_store_never_repairs_a_session_under_its_live_agent() {
+    let gate = Gate::new();
+    let h = Harness::new([
+        Response::tool_call("c1", "wait", "{}"),
+        Response::text("done"),
+    ]);
+    let agent = h
+        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
+        .await;
+    assert!(h.store.is_owned(agent.id()));
+    let mut rx = agent.subscribe();
+    agent.followup(user("start")).unwrap();
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    // Mid-turn: a load elsewhere in the host is refused instead of closing the turn.
+    match h.store.load(agent.id()) {
+        Err(lineage_store::StoreError::LiveTurnOpen { session }) => assert_eq!(session, agent.id()),
+        other => panic!("expected LiveTurnOpen, got {other:?}"),
+    }
+    assert_eq!(h.store.inspect(agent.id()).unwrap().closers, 3);
+    gate.open();
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+    assert_balanced(&events);
+    assert_stored(&h.store, &agent);
+    agent.dispose().await;
+    assert!(!h.store.is_owned(agent.id()), "disposal ends the ownership");
+    assert_eq!(h.store.load(agent.id()).unwrap().closers, 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_steer_joins_the_next_step_of_the_running_turn() {
     let gate = Gate::new();
     let h = Harness::new([

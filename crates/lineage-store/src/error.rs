@@ -149,6 +149,19 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
+    /// `load` of a session whose live writer is in the middle of a turn: repairing it would close
+    /// a turn that is still running. `inspect` reads it.
+    #[error("cannot load session {session}: its turn is open in a live agent (inspect it instead)")]
+    LiveTurnOpen {
+        /// The session.
+        session: SessionId,
+    },
+    /// Another live writer in this process owns the session.
+    #[error("session {session} is already owned by a live writer")]
+    AlreadyOwned {
+        /// The session.
+        session: SessionId,
+    },
     /// A write on a store opened read-only.
     #[error("the store is open read-only")]
     ReadOnly,

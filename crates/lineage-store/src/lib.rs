@@ -14,6 +14,7 @@ mod create;
 mod error;
 mod fork;
 mod layout;
+mod owners;
 mod read;
 mod recovery;
 mod scan;
@@ -22,6 +23,7 @@ mod verify;
 mod writer;
 
 pub use error::{Result, StoreError};
+pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{
     DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, KindStats, Loaded,

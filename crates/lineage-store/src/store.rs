@@ -24,6 +24,7 @@ use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord, session_blocks,
 };
+use crate::owners::Owners;
 use crate::read::{read_from, read_log, read_record};
 use crate::recovery::Reader;
 use crate::writer::{self, PendingBlock, Queue, Tail};
@@ -241,6 +242,8 @@ pub(crate) struct Inner {
     pub store_id: Uuid,
     pub queue: Arc<Queue>,
     pub options: StoreOptions,
+    /// Sessions a live writer owns (see the `owners` module).
+    pub owners: Owners,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -444,6 +447,7 @@ impl Store {
                     store_id,
                     queue: Arc::new(Queue::without_writer()),
                     options: StoreOptions::default(),
+                    owners: Owners::default(),
                     writer: Mutex::new(None),
                 }),
             })
@@ -482,6 +486,7 @@ impl Store {
                 store_id,
                 queue,
                 options,
+                owners: Owners::default(),
                 writer: Mutex::new(Some(handle)),
             }),
         })
@@ -520,7 +525,7 @@ impl Store {
         })
     }
 
-    fn writable(&self) -> Result<()> {
+    pub(crate) fn writable(&self) -> Result<()> {
         match self.inner.db {
             Db::Write(_) => Ok(()),
             Db::Read(_) => Err(StoreError::ReadOnly),
@@ -661,7 +666,7 @@ impl Store {
     }
 
     /// Makes sure the writer knows `session`'s tail, reading it from the store if needed.
-    fn ensure_tail(&self, session: SessionId) -> Result<()> {
+    pub(crate) fn ensure_tail(&self, session: SessionId) -> Result<()> {
         guard(|| {
             if self.inner.queue.lock().tails.contains_key(&session) {
                 return Ok(());
@@ -699,6 +704,7 @@ impl Store {
     pub fn load(&self, session: SessionId) -> Result<Loaded> {
         guard(|| {
             self.writable()?;
+            self.check_owned_load(session)?;
             self.flush(session)?;
             let stored = read_log(&self.begin_read()?, session)?;
             let closers = interrupted_turn_closers(&stored.events);

@@ -333,15 +333,10 @@ impl Agents {
                 replay_check(id, &log)?;
                 let store = self.inner.store.clone();
                 let (h, written) = (header.clone(), log.events().to_vec());
-                blocking(move || {
-                    if written.is_empty() {
-                        store.create(h)
-                    } else {
-                        store.import(h, &written)
-                    }
-                })
-                .await
-                .map_err(store_error)?;
+                // An import even of no events, so the header is checked against the log.
+                blocking(move || store.import(h, &written))
+                    .await
+                    .map_err(store_error)?;
                 (header, log)
             }
             Seed::Fork {

@@ -37,6 +37,40 @@ async fn get_returns_the_exact_live_agent_and_a_live_id_is_refused() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn create_refuses_a_header_its_seed_contradicts_before_writing() {
+    let h = Harness::new([]);
+    let id = SessionId::new();
+    for header in [
+        Header {
+            parent: Some(SessionId::new()),
+            ..Header::new(id, 1)
+        },
+        Header {
+            origin: Some(lineage_log::Origin::Subagent),
+            ..Header::new(id, 1)
+        },
+        Header {
+            delegation_depth: 3,
+            ..Header::new(id, 1)
+        },
+    ] {
+        let mut create = CreateAgent::fresh(spec());
+        create.header = header;
+        match h.agents.create(create).await {
+            Err(AgentError::Store {
+                agent,
+                source: StoreError::HeaderContradictsLog { session, .. },
+            }) => assert_eq!((agent, session), (id, id)),
+            other => panic!("expected HeaderContradictsLog, got {other:?}"),
+        }
+        assert!(h.store.list().unwrap().is_empty(), "nothing was written");
+        assert!(h.agents.get(id).is_none());
+    }
+    let agent = h.agents.create(fresh_with_id(id)).await.unwrap();
+    assert_eq!(agent.id(), id, "the id stayed free");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_refused_create_writes_nothing_and_frees_the_id() {
     let h = Harness::new([]);
     let id = SessionId::new();

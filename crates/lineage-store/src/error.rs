@@ -149,6 +149,21 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
+    /// A new session's header says what the log it is created with does not (see
+    /// [`crate::Store::create`]).
+    #[error(
+        "session {session}: the header's {field} is {header_says}, but its log says {log_says}"
+    )]
+    HeaderContradictsLog {
+        /// The session.
+        session: SessionId,
+        /// The header field.
+        field: &'static str,
+        /// What the header says.
+        header_says: String,
+        /// What the log says.
+        log_says: String,
+    },
     /// `load` of a session whose live writer is in the middle of a turn: repairing it would close
     /// a turn that is still running. `inspect` reads it.
     #[error("cannot load session {session}: its turn is open in a live agent (inspect it instead)")]

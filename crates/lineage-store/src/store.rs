@@ -534,6 +534,9 @@ impl Store {
 
     /// Registers a new session. Nothing is written until its first append, which writes the
     /// header and the batch in one transaction; until then the session is not listed.
+    ///
+    /// The events appended later must agree with the header (a `session/lineage` must state its
+    /// parent, seed and depth); [`Store::import`] checks the whole log against it at once.
     pub fn create(&self, header: Header) -> Result<()> {
         self.writable()?;
         let session = header.id;
@@ -575,10 +578,14 @@ impl Store {
     }
 
     /// Creates a session holding `events`, which must satisfy the seed contract, durably and in
-    /// one transaction.
+    /// one transaction. The header must agree with them: it names the parent, seed length, seed
+    /// digest and delegation depth the log's own `session/lineage` states (none without one), and
+    /// a subagent origin only with a `subagent/descriptor` in the own suffix; otherwise nothing is
+    /// written and [`StoreError::HeaderContradictsLog`] names the field.
     pub fn import(&self, header: Header, events: &[Event]) -> Result<()> {
         let session = header.id;
         check_seed(events).map_err(|e| StoreError::from_log(session, e))?;
+        check_header_against_log(&header, events)?;
         self.create(header)?;
         self.append(session, events)
     }
@@ -912,6 +919,59 @@ fn header_facts(
         }
     }
     Ok(origin)
+}
+
+/// Refuses a header that contradicts the log it is created with: its parent, seed length, seed
+/// digest and delegation depth are what the log's own `session/lineage` states (none without one),
+/// and a subagent origin needs a `subagent/descriptor` in the own suffix.
+fn check_header_against_log(header: &Header, events: &[Event]) -> Result<()> {
+    let facts = lineage_log::fold_header(header, events);
+    let session = header.id;
+    let refuse = |field: &'static str, header_says: String, log_says: String| {
+        Err(StoreError::HeaderContradictsLog {
+            session,
+            field,
+            header_says,
+            log_says,
+        })
+    };
+    let shown = |v: Option<String>| v.unwrap_or_else(|| "none".to_owned());
+    if header.parent != facts.parent {
+        return refuse(
+            "parent",
+            shown(header.parent.map(|p| p.to_string())),
+            shown(facts.parent.map(|p| p.to_string())),
+        );
+    }
+    if header.seed_len != facts.seed_len {
+        return refuse(
+            "seed_len",
+            header.seed_len.to_string(),
+            facts.seed_len.to_string(),
+        );
+    }
+    if header.seed_digest != facts.seed_digest {
+        return refuse(
+            "seed_digest",
+            shown(header.seed_digest.map(|d| d.to_string())),
+            shown(facts.seed_digest.map(|d| d.to_string())),
+        );
+    }
+    if header.delegation_depth != facts.delegation_depth {
+        return refuse(
+            "delegation_depth",
+            header.delegation_depth.to_string(),
+            facts.delegation_depth.to_string(),
+        );
+    }
+    if header.origin == Some(lineage_log::Origin::Subagent) && facts.origin.is_none() {
+        return refuse(
+            "origin",
+            "subagent".to_owned(),
+            "no subagent/descriptor in the session's own events".to_owned(),
+        );
+    }
+    Ok(())
 }
 
 fn info_of(record: SessionRecord) -> SessionInfo {

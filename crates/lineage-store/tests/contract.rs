@@ -1511,3 +1511,76 @@ fn a_lineage_event_that_contradicts_the_header_is_refused() {
     }
     assert!(store.list().unwrap().is_empty(), "nothing was written");
 }
+
+/// A header made for a session id.
+type HeaderOf<'a> = Box<dyn Fn(SessionId) -> lineage_log::Header + 'a>;
+
+#[test]
+fn import_refuses_a_header_its_log_contradicts_and_writes_nothing() {
+    let store = mem_store();
+    let parent = SessionId::new();
+    let lineage = lineage_log::SessionLineage {
+        parent,
+        seed_len: 0,
+        seed_digest: lineage_log::Digest::of_empty(),
+        delegation_depth: 2,
+    };
+    let stated =
+        |header: lineage_log::Header| lineage_log::with_log_facts(&header, Some(&lineage), false);
+    let cases: Vec<(&str, HeaderOf<'_>, Vec<Event>)> = vec![
+        (
+            "parent",
+            Box::new(|id| lineage_log::Header {
+                parent: Some(SessionId::new()),
+                ..header(id)
+            }),
+            completed_turn(1, 0, "no lineage"),
+        ),
+        (
+            "origin",
+            Box::new(|id| lineage_log::Header {
+                origin: Some(lineage_log::Origin::Subagent),
+                ..header(id)
+            }),
+            completed_turn(1, 0, "no descriptor"),
+        ),
+        (
+            "delegation_depth",
+            Box::new(move |id| lineage_log::Header {
+                delegation_depth: 1,
+                ..stated(header(id))
+            }),
+            vec![Event::new(0, 0, lineage.clone())],
+        ),
+        (
+            "seed_len",
+            Box::new(move |id| lineage_log::Header {
+                seed_len: 3,
+                ..stated(header(id))
+            }),
+            vec![Event::new(0, 0, lineage.clone())],
+        ),
+    ];
+    for (field, make, events) in cases {
+        let id = SessionId::new();
+        match store.import(make(id), &events) {
+            Err(StoreError::HeaderContradictsLog {
+                session,
+                field: named,
+                ..
+            }) => {
+                assert_eq!(session, id, "{field}");
+                assert_eq!(named, field);
+            }
+            other => panic!("{field}: expected HeaderContradictsLog, got {other:?}"),
+        }
+        assert!(
+            matches!(store.info(id), Err(StoreError::UnknownSession { .. })),
+            "{field}: nothing was written"
+        );
+        // The id is free: the same session with an agreeing header is imported.
+        store
+            .import(lineage_log::fold_header(&make(id), &events), &events)
+            .unwrap_or_else(|e| panic!("{field}: the agreeing header is refused: {e}"));
+    }
+}

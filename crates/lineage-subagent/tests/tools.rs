@@ -569,9 +569,11 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     };
     let header = with_log_facts(&Header::new(f, 1), Some(&lineage), true);
     assert_eq!(header.origin, Some(lineage_log::Origin::Subagent));
+    // `import` refuses such a header; a session created first and then written has one.
+    h.store.create(header).unwrap();
     h.store
-        .import(header, &[Event::new(0, 0, lineage)])
-        .expect("the corrupt child is imported");
+        .append(f, &[Event::new(0, 0, lineage)])
+        .expect("the corrupt child is written");
 
     // The runtime's listing keeps the corrupt child as a diagnostic beside its siblings.
     let rows = within(h.runtime.list_children(parent.id())).await.unwrap();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput};
-use lineage_log::{Text, ToolFilter};
+use lineage_log::{ContentBlock, Text, ToolError, ToolFilter};
 use serde_json::{Value, json};
 
 use crate::runtime::Mount;
@@ -252,9 +252,34 @@ impl SubagentTool {
                 result.code(),
                 format!("subagent run failed: {result}; dispose failed: {dispose}"),
             )),
-            (Err(error), Ok(())) | (Ok(_), Err(error)) => refused(&error),
+            (Ok(result), Err(dispose)) => with_failed_disposal(render(&result), &dispose),
+            (Err(error), Ok(())) => refused(&error),
         }
     }
+}
+
+/// `output`, the run's own report, followed by the news that disposing of the run failed. The
+/// report is never replaced: a run that failed keeps its code, and one that completed keeps its
+/// output but fails with the disposal's code.
+fn with_failed_disposal(mut output: ToolOutput, dispose: &SubagentError) -> ToolOutput {
+    let note = format!("Disposing of the subagent run failed afterwards: {dispose}");
+    let mut text = String::new();
+    for block in &output.content {
+        if let ContentBlock::Text { text: t } = block {
+            text.push_str(t);
+        }
+    }
+    text.push('\n');
+    text.push_str(&note);
+    output.content = vec![ContentBlock::text(text)];
+    if !output.is_error {
+        output.is_error = true;
+        output.error = Some(ToolError {
+            name: "SubagentError".into(),
+            code: dispose.code().as_str().into(),
+        });
+    }
+    output
 }
 
 /// A finished run, as the model reads it: the output when it completed, otherwise why it did

@@ -582,7 +582,7 @@ async fn start_refusals_leave_no_activation_no_agent_and_no_session() {
     assert_eq!(h.footprint(), before);
     assert!(
         h.runtime
-            .list_children(parent.id())
+            .list_children(parent.id(), &lineage_agent::Cancellation::new())
             .await
             .unwrap()
             .is_empty()
@@ -847,7 +847,11 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
         .start_continuable("spawn", continuable(&agent_a, "b", "y"))
         .await
         .unwrap();
-    let children = h.runtime.list_children(parent.id()).await.unwrap();
+    let children = h
+        .runtime
+        .list_children(parent.id(), &lineage_agent::Cancellation::new())
+        .await
+        .unwrap();
     let ids: Vec<_> = children.iter().map(ListingRow::id).collect();
     assert_eq!(ids, [a.child, run.id()]);
     match &children[0] {
@@ -862,7 +866,11 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
         ListingRow::Child(row) => assert!(row.mode == DescriptorMode::OneShot && !row.live),
         other => panic!("expected a child row, got {other:?}"),
     }
-    let tree = h.runtime.list_descendants(parent.id()).await.unwrap();
+    let tree = h
+        .runtime
+        .list_descendants(parent.id(), &lineage_agent::Cancellation::new())
+        .await
+        .unwrap();
     let rows: Vec<_> = tree
         .iter()
         .map(|r| match r {

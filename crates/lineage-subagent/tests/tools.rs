@@ -576,7 +576,12 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
         .expect("the corrupt child is written");
 
     // The runtime's listing keeps the corrupt child as a diagnostic beside its siblings.
-    let rows = within(h.runtime.list_children(parent.id())).await.unwrap();
+    let rows = within(
+        h.runtime
+            .list_children(parent.id(), &lineage_agent::Cancellation::new()),
+    )
+    .await
+    .unwrap();
     let mut ids: Vec<SessionId> = rows.iter().map(ListingRow::id).collect();
     ids.sort();
     let mut expected = vec![a, b, d, e, f];

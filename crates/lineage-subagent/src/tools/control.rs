@@ -274,9 +274,13 @@ impl Tool for ListAgentsTool {
                 _ => return invalid("`scope` must be \"children\" or \"descendants\""),
             };
             let listed = if descendants {
-                self.runtime.list_descendants(ctx.agent.id()).await
+                self.runtime
+                    .list_descendants(ctx.agent.id(), &ctx.cancel)
+                    .await
             } else {
-                self.runtime.list_children(ctx.agent.id()).await
+                self.runtime
+                    .list_children(ctx.agent.id(), &ctx.cancel)
+                    .await
             };
             match listed {
                 Ok(rows) => ToolOutput::text(self.render(&rows, descendants)),

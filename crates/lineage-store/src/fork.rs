@@ -19,6 +19,10 @@ impl Store {
     /// `seq == seed_len` with the parent's running digest at `seed_len - 1`. Everything is written
     /// in one transaction, and the children index gains `(parent, child)`. Refuses a taken child id
     /// first, then a boundary past the log or inside an open turn; the parent is untouched.
+    ///
+    /// A parent created but never written forks with nothing inherited (`seed_len` 0, any boundary
+    /// past its empty log); it stays unwritten, and from then on is never forgotten (see
+    /// [`Store::forget_unwritten`]).
     pub fn fork(&self, parent: lineage_log::SessionId, spec: &ForkSpec) -> Result<Header> {
         self.fork_with_setup(parent, spec, Vec::new())
     }
@@ -47,9 +51,24 @@ impl Store {
         let child = spec.child;
         self.ensure_new(child)?;
         self.flush(parent)?;
+        // A parent created but never written has no row: its header is its tail's, and it has no
+        // events to inherit.
+        let unwritten = {
+            let state = self.inner.queue.lock();
+            state
+                .tails
+                .get(&parent)
+                .filter(|tail| !tail.materialized && tail.next_seq == 0)
+                .map(|tail| tail.header.clone())
+        };
         let txn = self.begin_read()?;
-        let record = read_record(&txn, parent)?;
-        let len = record.next_seq;
+        let (parent_header, len) = match unwritten.clone() {
+            Some(header) => (header, 0),
+            None => {
+                let record = read_record(&txn, parent)?;
+                (record.header, record.next_seq)
+            }
+        };
         // The inclusive boundary, if any event is inherited.
         let last = match spec.boundary {
             None => len.checked_sub(1),
@@ -135,7 +154,7 @@ impl Store {
             seed_digest: chain.digest(),
             delegation_depth: spec.delegation_depth,
         };
-        let mut header = child_header(&record.header, spec, &lineage);
+        let mut header = child_header(&parent_header, spec, &lineage);
         let mut own = vec![lineage_log::Event::new(
             seed_len,
             spec.lineage_time(),
@@ -164,6 +183,10 @@ impl Store {
         let mut state = queue.lock();
         if state.tails.contains_key(&child) {
             return Err(StoreError::SessionExists { session: child });
+        }
+        // An unwritten parent forgotten meanwhile is gone: the child would name a free id.
+        if unwritten.is_some() && !state.tails.contains_key(&parent) {
+            return Err(StoreError::UnknownSession { session: parent });
         }
         state.tails.insert(
             child,

@@ -577,6 +577,30 @@ impl Store {
         }
     }
 
+    /// Forgets a session that was created (see [`Store::create`]) but never written, so that its id
+    /// is free again: nothing of it is durable, so nothing is removed from the store. Returns
+    /// whether it was forgotten.
+    ///
+    /// A session is kept (and `false` returned) once any batch of it has been admitted, durable or
+    /// not, or once a fork has taken it as its parent (the child names it); so is an id this
+    /// handle does not know or that is stored. A read-only handle has nothing to forget.
+    pub fn forget_unwritten(&self, session: SessionId) -> bool {
+        let mut state = self.inner.queue.lock();
+        let unwritten = state.tails.get(&session).is_some_and(|tail| {
+            !tail.materialized && tail.next_seq == 0 && tail.pending.is_empty()
+        });
+        if !unwritten
+            || state
+                .tails
+                .values()
+                .any(|tail| tail.header.parent == Some(session))
+        {
+            return false;
+        }
+        state.tails.remove(&session);
+        true
+    }
+
     /// Creates a session holding `events`, which must satisfy the seed contract, durably and in
     /// one transaction. The header must agree with them: it names the parent, seed length, seed
     /// digest and delegation depth the log's own `session/lineage` states (none without one), and

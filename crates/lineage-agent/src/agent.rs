@@ -128,6 +128,9 @@ struct State {
     inbox: Inbox,
     phase: Phase,
     disposing: bool,
+    /// Disposed without having written anything: the store forgot the session and its id is free,
+    /// so nothing more may be appended under it.
+    released: bool,
     subscribers: Vec<mpsc::UnboundedSender<AgentEvent>>,
 }
 
@@ -221,6 +224,7 @@ impl Agent {
                 inbox,
                 phase: Phase::Idle { last_turn },
                 disposing: false,
+                released: false,
                 subscribers: Vec::new(),
             }),
             idle: watch::Sender::new(true),
@@ -428,7 +432,8 @@ impl Agent {
     /// Disposes of the agent: cancels its work with cause `disposed` (discarding pending input),
     /// waits until it is idle, flushes its log, drops its tools and leaves the registry. Every
     /// caller shares one disposal; later calls wait for the first. The session stays stored and
-    /// can be resumed.
+    /// can be resumed; an agent that never wrote anything leaves no session, and its id is free
+    /// for a new one (this handle then refuses every write with [`AgentError::NotLive`]).
     ///
     /// Must not be awaited from inside one of the agent's own turns (a tool of this agent): the
     /// disposal waits for that turn to end.
@@ -467,6 +472,12 @@ impl Agent {
             tracing::warn!(agent = %self.id, %error, "final flush failed during disposal");
         }
         *lock(&self.tools) = Arc::new(Toolset::default());
+        {
+            // A session nothing was written to holds nothing durable: its id is freed (under the
+            // state lock, so no append can slip in between).
+            let mut st = lock(&self.state);
+            st.released = self.store.forget_unwritten(self.id);
+        }
         if let Some(registry) = self.registry.upgrade() {
             registry.remove(&self);
         }
@@ -484,6 +495,9 @@ impl Agent {
     }
 
     fn append_locked(&self, st: &mut State, body: EventBody) -> Result<u64, AgentError> {
+        if st.released {
+            return Err(AgentError::NotLive { agent: self.id });
+        }
         let event = Event::new(st.log.next_seq(), now_ms(), body);
         let batch = std::slice::from_ref(&event);
         let log_error = |source| AgentError::Log {

@@ -78,6 +78,9 @@ pub(crate) struct Activation {
     run: RunInfo,
     /// Where this epoch's own events start.
     boundary: usize,
+    /// The child's delegation depth: deeper than every ancestor's, so teardowns opened in this
+    /// order cancel parents before children.
+    depth: u32,
     st: Mutex<ActivationState>,
     /// Bumped on every change the settlement watcher must look at.
     poke: watch::Sender<u64>,
@@ -619,6 +622,7 @@ impl SubagentRuntime {
                 local: true,
             },
             boundary: agent.with_events(|events| events.len()),
+            depth: agent.delegation_depth(),
             agent,
             ancestry,
             st: Mutex::new(ActivationState::default()),
@@ -1048,8 +1052,8 @@ impl SubagentRuntime {
     }
 
     /// Opens the teardown of `activation` (once; later calls share it): the admission cutoff
-    /// and the cancellations happen now, children first in one synchronous span; the rest runs
-    /// on its own task.
+    /// and the cancellations happen now, in one synchronous span, this child's before those of
+    /// the children it owns; the rest runs on its own task (where children finish first).
     fn open_disposal(&self, activation: &Arc<Activation>) -> Disposal {
         let (tx, rx) = {
             let mut st = lock(&activation.st);
@@ -1180,8 +1184,9 @@ impl SubagentRuntime {
 
     // ----- drains --------------------------------------------------------------------------------------
 
-    /// Closes admission for good and tears every resident child down, roots first (each
-    /// tears its own children down first). Creations under way are awaited (they roll back).
+    /// Closes admission for good and tears every resident child down: every cancellation fires
+    /// at once, parents before children; each teardown then waits for its children's.
+    /// Creations under way are awaited (they roll back).
     pub async fn drain(&self) -> Result<(), SubagentError> {
         let pending = {
             let mut st = lock(&self.continuation().state);
@@ -1195,9 +1200,10 @@ impl SubagentRuntime {
         self.dispose_all(roots, "activation(s)").await
     }
 
-    /// Tears down every resident descendant of the exact live agents `parents`, and keeps
-    /// admission closed below each of them until that agent itself is gone. A parent that is
-    /// not the live agent under its id is ignored; other trees are untouched.
+    /// Tears down every resident descendant of the exact live agents `parents` (every
+    /// cancellation at once, parents before children), and keeps admission closed below each
+    /// of them until that agent itself is gone. A parent that is not the live agent under its
+    /// id is ignored; other trees are untouched.
     pub async fn drain_descendants(&self, parents: &[Arc<Agent>]) -> Result<(), SubagentError> {
         let roots: Vec<Arc<Agent>> = parents
             .iter()
@@ -1246,7 +1252,7 @@ impl SubagentRuntime {
             })
         };
         // Every target's teardown opens now; creations under way roll back meanwhile.
-        let disposals: Vec<Disposal> = targets.iter().map(|t| self.open_disposal(t)).collect();
+        let disposals = self.open_top_down(targets);
         for mut settled in pending {
             let _ = settled.wait_for(|s| *s).await;
         }
@@ -1304,8 +1310,16 @@ impl SubagentRuntime {
         targets: Vec<Arc<Activation>>,
         subject: &str,
     ) -> Result<(), SubagentError> {
-        let disposals = targets.iter().map(|t| self.open_disposal(t)).collect();
+        let disposals = self.open_top_down(targets);
         aggregate(disposals, subject).await
+    }
+
+    /// Opens the teardowns of `targets` shallowest first, in one synchronous span: every
+    /// parent's cancellation fires before any of its descendants', whatever order the targets
+    /// came in (each teardown also opens its own children's right after its cancel).
+    fn open_top_down(&self, mut targets: Vec<Arc<Activation>>) -> Vec<Disposal> {
+        targets.sort_by_key(|t| t.depth);
+        targets.iter().map(|t| self.open_disposal(t)).collect()
     }
 
     /// The children resident now (running, waiting, or being torn down).

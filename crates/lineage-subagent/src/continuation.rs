@@ -28,7 +28,7 @@ use lineage_log::{
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use crate::birth::{self, ChildPlan};
-use crate::driver::{cancelled_before_publication, final_output};
+use crate::driver::cancelled_before_publication;
 use crate::lifecycle::{Lifecycle, RunInfo};
 use crate::setup::Installed;
 use crate::{
@@ -141,6 +141,7 @@ enum Residency {
 /// What a continuable child's epoch ended with, for the notice and `subagent/end`.
 struct Terminal {
     stop_reason: StopReason,
+    /// The closing message's blocks (see [`closing_message`]); empty when there is none.
     output: Vec<ContentBlock>,
 }
 
@@ -1104,7 +1105,7 @@ impl SubagentRuntime {
             let own = &events[activation.boundary.min(events.len())..];
             Terminal {
                 stop_reason: epoch_stop_reason(own),
-                output: final_output(own),
+                output: closing_message(own),
             }
         });
         activation.agent.dispose().await;
@@ -1118,11 +1119,10 @@ impl SubagentRuntime {
         };
         self.notify_settlement(activation, &terminal);
         self.release_ownership(id);
-        let text = crate::provider::output_text(&terminal.output);
         self.emit(&Lifecycle::End {
             info: activation.run.clone(),
             stop_reason: terminal.stop_reason,
-            last_assistant_message: (!text.is_empty()).then_some(text),
+            last_assistant_message: (!terminal.output.is_empty()).then_some(terminal.output),
         });
         failure.map_or(Ok(()), Err)
     }
@@ -1439,33 +1439,92 @@ pub(crate) fn epoch_stop_reason(own: &[Event]) -> StopReason {
     }
 }
 
-/// The first line of a settlement notice.
+/// The closing message of an epoch: the content of its last assistant message that has any,
+/// verbatim, tool-call blocks included. Empty when the epoch wrote no such message.
+pub(crate) fn closing_message(own: &[Event]) -> Vec<ContentBlock> {
+    own.iter()
+        .rev()
+        .find_map(|e| match &e.body {
+            EventBody::AssistantMessage(m) if !m.message.content.is_empty() => {
+                Some(m.message.content.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// The most characters a settlement notice's summary has.
+pub(crate) const SUMMARY_BOUND: usize = 120;
+
+/// The first line of a settlement notice, which is also its summary: every line fits
+/// [`SUMMARY_BOUND`] with the child's full id, an abnormal end's reason being shortened to fit.
 pub(crate) fn settlement_summary(child: SessionId, stop: &StopReason) -> String {
+    let subject = format!("Background subagent {child}");
     match stop {
-        StopReason::Completed => format!(
-            "Background subagent {child} finished; it will do nothing more unless you send it \
-             another message."
-        ),
-        StopReason::Aborted => {
-            format!("Background subagent {child} was stopped before it finished.")
+        StopReason::Completed => {
+            format!("{subject} finished; it will do nothing more unless you message it again.")
         }
-        StopReason::MaxTokens => {
-            format!("Background subagent {child} ran out of output room before it finished.")
-        }
-        StopReason::Refusal => format!("Background subagent {child} declined the task."),
-        StopReason::Error => format!("Background subagent {child} failed before it finished."),
+        StopReason::Aborted => format!("{subject} was stopped before it finished."),
+        StopReason::MaxTokens => format!("{subject} ran out of output room before it finished."),
+        StopReason::Refusal => format!("{subject} declined the task."),
+        StopReason::Error => format!("{subject} failed before it finished."),
         StopReason::Other(reason) => {
-            format!("Background subagent {child} ended abnormally ({reason}) before it finished.")
+            let (open, close) = (" ended abnormally (", ") before it finished.");
+            let room = SUMMARY_BOUND
+                .saturating_sub(subject.chars().count() + open.len() + close.len())
+                .max(1);
+            // One line: a control character in the reason reads as a space.
+            let reason: String = reason
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            let reason = if reason.chars().count() <= room {
+                reason
+            } else {
+                let mut cut: String = reason.chars().take(room - 1).collect();
+                cut.push('…');
+                cut
+            };
+            format!("{subject}{open}{reason}{close}")
         }
     }
 }
 
-/// `summary` cut to 120 characters, ending in an ellipsis when cut.
+/// `summary` cut to [`SUMMARY_BOUND`] characters, ending in an ellipsis when cut.
 pub(crate) fn bound_summary(summary: &str) -> String {
-    if summary.chars().count() <= 120 {
+    if summary.chars().count() <= SUMMARY_BOUND {
         return summary.to_owned();
     }
-    let mut cut: String = summary.chars().take(119).collect();
+    let mut cut: String = summary.chars().take(SUMMARY_BOUND - 1).collect();
     cut.push('…');
     cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_settlement_summary_is_a_whole_line_within_its_bound_with_a_full_id() {
+        let child = SessionId::new();
+        let long = "a reason far too long to fit on the first line of a notice ".repeat(4);
+        for stop in [
+            StopReason::Completed,
+            StopReason::Aborted,
+            StopReason::MaxTokens,
+            StopReason::Refusal,
+            StopReason::Error,
+            StopReason::Other("quota".into()),
+            StopReason::Other("two\nlines".into()),
+            StopReason::Other(long.as_str().into()),
+        ] {
+            let line = settlement_summary(child, &stop);
+            assert!(line.contains(&child.to_string()), "{line}");
+            assert!(line.chars().count() <= SUMMARY_BOUND, "{stop:?}: {line}");
+            assert_eq!(bound_summary(&line), line, "{stop:?} needs no cut");
+            assert!(!line.contains('\n'), "{line}");
+        }
+        let other = settlement_summary(child, &StopReason::Other(long.as_str().into()));
+        assert!(other.ends_with("…) before it finished."), "{other}");
+    }
 }

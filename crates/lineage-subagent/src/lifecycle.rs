@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use lineage_log::{RunId, SessionId, Text};
+use lineage_log::{ContentBlock, RunId, SessionId, Text};
 
 use crate::StopReason;
 
@@ -34,8 +34,10 @@ pub enum Lifecycle {
         info: RunInfo,
         /// How it ended.
         stop_reason: StopReason,
-        /// The text of its final output, when it has any.
-        last_assistant_message: Option<String>,
+        /// Its final output's content blocks, when it has any: for an epoch of a continuable
+        /// child, its closing message (its final assistant message, verbatim, tool calls
+        /// included); for a one-shot run, the output of its result.
+        last_assistant_message: Option<Vec<ContentBlock>>,
     },
 }
 

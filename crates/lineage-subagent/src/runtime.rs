@@ -272,8 +272,8 @@ impl SubagentRuntime {
         tokio::spawn(async move {
             let (stop_reason, last_assistant_message) = match run.result().await {
                 Ok(result) => {
-                    let text = result.text();
-                    (result.stop_reason, (!text.is_empty()).then_some(text))
+                    let output = (!result.output.is_empty()).then_some(result.output);
+                    (result.stop_reason, output)
                 }
                 Err(_) => (StopReason::Error, None),
             };

@@ -129,8 +129,8 @@ async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn()
     assert_eq!(
         notice,
         format!(
-            "Background subagent {} finished; it will do nothing more unless you send it another \
-             message.\nIts closing message:\nthe answer is 42",
+            "Background subagent {} finished; it will do nothing more unless you message it \
+             again.\nIts closing message:\nthe answer is 42",
             started.child
         )
     );
@@ -141,7 +141,10 @@ async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn()
             ..
         } => {
             assert_eq!(stop_reason, StopReason::Completed);
-            assert_eq!(last_assistant_message.as_deref(), Some("the answer is 42"));
+            assert_eq!(
+                last_assistant_message,
+                Some(vec![ContentBlock::text("the answer is 42")])
+            );
         }
         other => panic!("expected the end, got {other:?}"),
     }
@@ -747,7 +750,10 @@ async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone(
             ..
         } => {
             assert_eq!(info.provider.as_str(), "spawn");
-            assert_eq!(last_assistant_message.as_deref(), Some("second answer"));
+            assert_eq!(
+                last_assistant_message,
+                Some(vec![ContentBlock::text("second answer")])
+            );
         }
         other => panic!("expected the end, got {other:?}"),
     }

@@ -13,9 +13,9 @@ use lineage_agent::{
     Tool, ToolOutput,
 };
 use lineage_log::{
-    AbortCause, ApprovalPolicy, DescriptorMode, Digest, EventBody, Origin, PolicySource,
-    SandboxMode, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor, fold_header,
-    fold_lineage, fold_policy, seed_len,
+    AbortCause, ApprovalPolicy, ContentBlock, DescriptorMode, Digest, EventBody, Origin,
+    PolicySource, SandboxMode, SubagentDescriptor, Text, ToolFilter, TurnEndReason,
+    fold_descriptor, fold_header, fold_lineage, fold_policy, seed_len,
 };
 use lineage_subagent::tools::{MaxDepth, SubagentTool, SubagentToolConfig};
 use lineage_subagent::{
@@ -1332,7 +1332,7 @@ async fn lifecycle_events_pair_a_start_before_an_end_with_a_fresh_run_id_per_run
         (
             "first",
             StopReason::Completed,
-            Some("answer one".to_owned()),
+            Some(vec![ContentBlock::text("answer one")]),
         ),
         ("second", StopReason::Error, None),
     ] {

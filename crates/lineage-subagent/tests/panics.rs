@@ -141,8 +141,8 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
     assert_eq!(
         text[0],
         format!(
-            "Background subagent {} finished; it will do nothing more unless you send it \
-             another message.",
+            "Background subagent {} finished; it will do nothing more unless you message it \
+             again.",
             started.child
         )
     );

@@ -1116,5 +1116,5 @@ async fn a_drained_child_is_not_woken_into_a_new_turn_by_its_own_childs_notice()
             _ => None,
         })
         .collect();
-    assert_eq!(ends, [Some("a waits for b".to_owned())]);
+    assert_eq!(ends, [Some(vec![ContentBlock::text("a waits for b")])]);
 }

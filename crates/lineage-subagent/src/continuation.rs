@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::{Agent, AgentOptions, AgentStatus, Cancellation};
+use lineage_agent::{Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
     Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
@@ -573,21 +573,28 @@ impl SubagentRuntime {
         if cancel.is_cancelled() {
             return Err(cancelled_before_publication(parent.id()));
         }
-        let Installed { tools, context } = self.install_setups(child);
+        let Installed {
+            tools,
+            context,
+            hooks,
+        } = self.install_setups(child);
         let Materialize {
             descriptor,
             options,
             birth: born,
         } = how;
         let provider = descriptor.provider.clone();
-        let spec = birth::child_spec(
-            parent,
-            options,
-            descriptor.persona.clone(),
-            descriptor.tool_filter.clone(),
-            tools,
-            context,
-        );
+        let spec = AgentSpec {
+            hooks,
+            ..birth::child_spec(
+                parent,
+                options,
+                descriptor.persona.clone(),
+                descriptor.tool_filter.clone(),
+                tools,
+                context,
+            )
+        };
         let agent = match born {
             Some(Birth {
                 depth,

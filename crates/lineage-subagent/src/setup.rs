@@ -1,10 +1,14 @@
 //! Setup contributions: capabilities installed into every continuable child at each activation
-//! (this is how `report` gets there), revocable while children are resident.
+//! (this is how `report` gets there), revocable while children are resident. A contribution may
+//! give tools, prompt context and turn-loop hooks; since every activation installs them again,
+//! a child resumed cold from its log gets the same ones.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
+use lineage_agent::{
+    BoxFuture, HookError, Hooks, PreStep, PreStepDecision, Tool, ToolContext, ToolOutput,
+};
 use lineage_log::{SessionId, Text};
 
 use crate::{SubagentRuntime, lock};
@@ -18,6 +22,11 @@ pub struct Installed {
     /// that must leave with a tool when the contribution is removed belongs in
     /// [`Tool::guidance`] instead.
     pub context: Vec<Text>,
+    /// Turn-loop hooks for this child: a pre-step that may rewrite a step's input or refuse it
+    /// (the turn ends `blocked`, and the child settles declining the task). With several
+    /// contributions, each hook sees what the ones registered before it let through, and the
+    /// first to refuse or fail decides.
+    pub hooks: Option<Arc<dyn Hooks>>,
 }
 
 /// A capability every continuable child gets, at creation and at every cold resume.
@@ -80,8 +89,19 @@ impl SubagentRuntime {
                 .map(|r| (r.setup.clone(), r.revoked.clone()))
                 .collect();
         let mut installed = Installed::default();
+        let mut hooks: Vec<Arc<dyn Hooks>> = Vec::new();
         for (setup, revoked) in registrations {
-            let Installed { tools, context } = setup.install(self, child);
+            let Installed {
+                tools,
+                context,
+                hooks: contributed,
+            } = setup.install(self, child);
+            hooks.extend(contributed.map(|hooks| -> Arc<dyn Hooks> {
+                Arc::new(RevocableHooks {
+                    hooks,
+                    revoked: revoked.clone(),
+                })
+            }));
             installed
                 .tools
                 .extend(tools.into_iter().map(|tool| -> Arc<dyn Tool> {
@@ -92,7 +112,56 @@ impl SubagentRuntime {
                 }));
             installed.context.extend(context);
         }
+        if !hooks.is_empty() {
+            installed.hooks = Some(Arc::new(Chain(hooks)));
+        }
         installed
+    }
+}
+
+/// Contributed hooks, in registration order: each runs on what the one before let through.
+struct Chain(Vec<Arc<dyn Hooks>>);
+
+impl Hooks for Chain {
+    fn pre_step(&self, step: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
+        Box::pin(async move {
+            let PreStep {
+                agent,
+                turn,
+                step,
+                mut messages,
+                cancel,
+            } = step;
+            for hooks in &self.0 {
+                let input = PreStep {
+                    agent: agent.clone(),
+                    turn,
+                    step,
+                    messages,
+                    cancel: cancel.clone(),
+                };
+                match hooks.pre_step(input).await? {
+                    PreStepDecision::Enter(passed) => messages = passed,
+                    PreStepDecision::Reject => return Ok(PreStepDecision::Reject),
+                }
+            }
+            Ok(PreStepDecision::Enter(messages))
+        })
+    }
+}
+
+/// Contributed hooks that change nothing once their contribution is removed.
+struct RevocableHooks {
+    hooks: Arc<dyn Hooks>,
+    revoked: Arc<AtomicBool>,
+}
+
+impl Hooks for RevocableHooks {
+    fn pre_step(&self, step: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
+        if self.revoked.load(Ordering::SeqCst) {
+            return Box::pin(async move { Ok(PreStepDecision::Enter(step.messages)) });
+        }
+        self.hooks.pre_step(step)
     }
 }
 

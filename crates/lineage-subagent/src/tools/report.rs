@@ -40,7 +40,7 @@ impl ContinuableSetup for ReportSetup {
                 runtime: runtime.clone(),
                 delivery: self.delivery,
             })],
-            context: Vec::new(),
+            ..Installed::default()
         }
     }
 }

@@ -1,0 +1,176 @@
+//! Continuable children take turn-loop hooks from setup contributions, at creation and at every
+//! cold resume: a step the hook refuses ends the turn `blocked`, and the child settles declining
+//! the task (stop reason `refusal`, a "declined" notice to its parent).
+//!
+//! Deterministic: time is paused and tests wait on lifecycle events, never on sleeps.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use lineage_agent::{
+    Agents, BoxFuture, Cancellation, HookError, Hooks, PreStep, PreStepDecision, Response,
+};
+use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
+use lineage_store::Store;
+use lineage_subagent::{
+    ContinuableRequest, ContinuableSetup, Installed, Lifecycle, SpawnProvider, StopReason,
+    SubagentRuntime,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Refuses any step whose input mentions "forbidden".
+struct Gatekeeper;
+
+impl Hooks for Gatekeeper {
+    fn pre_step(&self, step: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
+        Box::pin(async move {
+            if step.messages.iter().any(|m| m.text().contains("forbidden")) {
+                Ok(PreStepDecision::Reject)
+            } else {
+                Ok(PreStepDecision::Enter(step.messages))
+            }
+        })
+    }
+}
+
+/// Installs the gatekeeper in every continuable child.
+struct GatekeeperSetup;
+
+impl ContinuableSetup for GatekeeperSetup {
+    fn install(&self, _: &SubagentRuntime, _: SessionId) -> Installed {
+        Installed {
+            hooks: Some(Arc::new(Gatekeeper)),
+            ..Installed::default()
+        }
+    }
+}
+
+/// A host over the store at `path`: spawn registered, the gatekeeper contributed.
+fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
+    let store = Store::open(path).expect("the store opens");
+    let router = Arc::new(Router::default());
+    let agents = Agents::new(store, router.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    runtime
+        .register_provider(Arc::new(SpawnProvider::new()))
+        .unwrap();
+    runtime.register_continuable_setup(Arc::new(GatekeeperSetup));
+    (router, agents, runtime)
+}
+
+/// The stop reason of `child`'s next settlement.
+async fn settles(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) -> StopReason {
+    within(async {
+        loop {
+            match life.recv().await {
+                Some(Lifecycle::End {
+                    info, stop_reason, ..
+                }) if info.child == child => return stop_reason,
+                Some(_) => {}
+                None => panic!("the lifecycle stream ended"),
+            }
+        }
+    })
+    .await
+}
+
+/// The texts of the settlement notices `parent` has received.
+fn notices(agents: &Agents, parent: SessionId) -> Vec<String> {
+    let parent = agents.get(parent).expect("the parent is live");
+    parent
+        .events()
+        .iter()
+        .filter_map(|e| match &e.body {
+            lineage_log::EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
+            _ => None,
+        })
+        .flatten()
+        .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
+        .map(|m| m.text())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let (parent_id, child) = {
+        let (router, agents, runtime) = host(&path);
+        router.model(PARENT).push([Response::text("ok")]);
+        let parent = agents
+            .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
+            .await
+            .unwrap();
+        let (_, mut life) = listen(&runtime);
+        let request = ContinuableRequest {
+            agent_options: lineage_subagent::ChildOptions {
+                model: Some("worker".into()),
+                ..Default::default()
+            },
+            ..ContinuableRequest::new(parent.clone(), "gated job", "do the forbidden thing")
+        };
+        let started = runtime.start_continuable("spawn", request).await.unwrap();
+        assert_eq!(settles(&mut life, started.child).await, StopReason::Refusal);
+        within(parent.when_idle()).await;
+        assert!(
+            router.model("worker").requests().is_empty(),
+            "the model was never asked"
+        );
+        let notices = notices(&agents, parent.id());
+        assert!(
+            notices.iter().any(|n| n.contains("declined")),
+            "the parent hears that the child declined: {notices:?}"
+        );
+        runtime.drain().await.unwrap();
+        agents.dispose_all().await;
+        (parent.id(), started.child)
+    };
+
+    // A new process: the contribution is registered again, and the resumed child gets its hook.
+    let (router, agents, runtime) = host(&path);
+    router
+        .model(PARENT)
+        .push([Response::text("ok"), Response::text("ok")]);
+    router.model("worker").push([Response::text("done it")]);
+    let parent = agents
+        .resume(parent_id, parent_spec(Vec::new()))
+        .await
+        .unwrap();
+    let (_, mut life) = listen(&runtime);
+    let source = MessageSource::Coordinator { sender: parent_id };
+    let send = |text: &'static str| {
+        let (runtime, parent, source) = (runtime.clone(), parent.clone(), source.clone());
+        async move {
+            runtime
+                .followup(
+                    &parent,
+                    child,
+                    vec![ContentBlock::text(text)],
+                    source,
+                    &Cancellation::new(),
+                )
+                .await
+        }
+    };
+    send("now the forbidden part").await.unwrap();
+    assert_eq!(settles(&mut life, child).await, StopReason::Refusal);
+    assert!(router.model("worker").requests().is_empty());
+    send("now something fine").await.unwrap();
+    assert_eq!(settles(&mut life, child).await, StopReason::Completed);
+    assert_eq!(router.model("worker").requests().len(), 1);
+
+    let events = agents.store().read_from(child, 0).unwrap();
+    assert_eq!(
+        turn_ends(&events),
+        [
+            TurnEndReason::Blocked,
+            TurnEndReason::Blocked,
+            TurnEndReason::Completed
+        ]
+    );
+    assert_balanced(&events);
+    runtime.drain().await.unwrap();
+    agents.dispose_all().await;
+}

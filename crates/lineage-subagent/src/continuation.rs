@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::{Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation};
+use lineage_agent::{Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation, Hooks};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
     Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
@@ -166,6 +166,10 @@ pub struct ContinuableRequest {
     pub tool_filter: Option<ToolFilter>,
     /// A persona for the child.
     pub persona: Option<Text>,
+    /// Turn-loop hooks for the child (a pre-step that may refuse its turns), applied at every
+    /// activation in this process, cold resumes included, before those of setup contributions.
+    /// They live in memory: after a restart, a setup contribution gives a resumed child its hooks.
+    pub hooks: Option<Arc<dyn Hooks>>,
 }
 
 impl ContinuableRequest {
@@ -181,6 +185,7 @@ impl ContinuableRequest {
             max_depth: None,
             tool_filter: None,
             persona: None,
+            hooks: None,
         }
     }
 }
@@ -191,6 +196,7 @@ impl std::fmt::Debug for ContinuableRequest {
             .field("parent", &self.parent.id())
             .field("label", &self.label)
             .field("child", &self.child)
+            .field("hooks", &self.hooks.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -460,9 +466,19 @@ impl SubagentRuntime {
                     ));
                 }
             }
-            let activation = runtime
+            if let Some(hooks) = &request.hooks {
+                runtime.remember_request_hooks(child, hooks.clone());
+            }
+            let activation = match runtime
                 .materialize(&parent, child, how, &request.cancel)
-                .await?;
+                .await
+            {
+                Ok(activation) => activation,
+                Err(error) => {
+                    runtime.forget_request_hooks(child);
+                    return Err(error);
+                }
+            };
             let message = runtime
                 .submit_materialized(
                     &activation,

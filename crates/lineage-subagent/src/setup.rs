@@ -3,6 +3,7 @@
 //! give tools, prompt context and turn-loop hooks; since every activation installs them again,
 //! a child resumed cold from its log gets the same ones.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -45,11 +46,13 @@ struct Registration {
     revoked: Arc<AtomicBool>,
 }
 
-/// The registered contributions, in registration order.
+/// The registered contributions, in registration order, and the hooks continuable requests gave
+/// their children.
 #[derive(Default)]
 pub(crate) struct Setups {
     registrations: Mutex<Vec<Registration>>,
     next: AtomicU64,
+    request_hooks: Mutex<HashMap<SessionId, Arc<dyn Hooks>>>,
 }
 
 impl SubagentRuntime {
@@ -81,7 +84,17 @@ impl SubagentRuntime {
         }
     }
 
-    /// Everything the registered contributions install in `child`.
+    /// Keeps the hooks a continuable request gave `child`, for every activation of it.
+    pub(crate) fn remember_request_hooks(&self, child: SessionId, hooks: Arc<dyn Hooks>) {
+        lock(&self.setups().request_hooks).insert(child, hooks);
+    }
+
+    pub(crate) fn forget_request_hooks(&self, child: SessionId) {
+        lock(&self.setups().request_hooks).remove(&child);
+    }
+
+    /// Everything the registered contributions install in `child`, with the hooks its request
+    /// gave it first.
     pub(crate) fn install_setups(&self, child: SessionId) -> Installed {
         let registrations: Vec<(Arc<dyn ContinuableSetup>, Arc<AtomicBool>)> =
             lock(&self.setups().registrations)
@@ -89,7 +102,11 @@ impl SubagentRuntime {
                 .map(|r| (r.setup.clone(), r.revoked.clone()))
                 .collect();
         let mut installed = Installed::default();
-        let mut hooks: Vec<Arc<dyn Hooks>> = Vec::new();
+        let mut hooks: Vec<Arc<dyn Hooks>> = lock(&self.setups().request_hooks)
+            .get(&child)
+            .cloned()
+            .into_iter()
+            .collect();
         for (setup, revoked) in registrations {
             let Installed {
                 tools,

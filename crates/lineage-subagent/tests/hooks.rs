@@ -1,6 +1,7 @@
-//! Continuable children take turn-loop hooks from setup contributions, at creation and at every
-//! cold resume: a step the hook refuses ends the turn `blocked`, and the child settles declining
-//! the task (stop reason `refusal`, a "declined" notice to its parent).
+//! Continuable children take turn-loop hooks, from their request or from setup contributions, at
+//! creation and at every later activation, cold resumes included: a step the hook refuses ends the
+//! turn `blocked`, and the child settles declining the task (stop reason `refusal`, a "declined"
+//! notice to its parent).
 //!
 //! Deterministic: time is paused and tests wait on lifecycle events, never on sleeps.
 
@@ -49,6 +50,13 @@ impl ContinuableSetup for GatekeeperSetup {
 
 /// A host over the store at `path`: spawn registered, the gatekeeper contributed.
 fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
+    let (router, agents, runtime) = bare_host(path);
+    runtime.register_continuable_setup(Arc::new(GatekeeperSetup));
+    (router, agents, runtime)
+}
+
+/// A host over the store at `path` with spawn registered and no contribution.
+fn bare_host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
     let store = Store::open(path).expect("the store opens");
     let router = Arc::new(Router::default());
     let agents = Agents::new(store, router.clone());
@@ -56,7 +64,6 @@ fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
     runtime
         .register_provider(Arc::new(SpawnProvider::new()))
         .unwrap();
-    runtime.register_continuable_setup(Arc::new(GatekeeperSetup));
     (router, agents, runtime)
 }
 
@@ -171,6 +178,65 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
         ]
     );
     assert_balanced(&events);
+    runtime.drain().await.unwrap();
+    agents.dispose_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let (router, agents, runtime) = bare_host(&dir.path().join("host.lineage"));
+    router.model(PARENT).push([
+        Response::text("ok"),
+        Response::text("ok"),
+        Response::text("ok"),
+    ]);
+    router.model("worker").push([Response::text("done it")]);
+    let parent = agents
+        .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
+        .await
+        .unwrap();
+    let (_, mut life) = listen(&runtime);
+    let request = ContinuableRequest {
+        agent_options: lineage_subagent::ChildOptions {
+            model: Some("worker".into()),
+            ..Default::default()
+        },
+        hooks: Some(Arc::new(Gatekeeper)),
+        ..ContinuableRequest::new(parent.clone(), "gated job", "the forbidden thing")
+    };
+    let child = runtime
+        .start_continuable("spawn", request)
+        .await
+        .unwrap()
+        .child;
+    assert_eq!(settles(&mut life, child).await, StopReason::Refusal);
+    // Settled and torn down: each follow-up activates the child again, with the same hooks.
+    for (text, stop) in [
+        ("the forbidden thing, again", StopReason::Refusal),
+        ("something fine", StopReason::Completed),
+    ] {
+        runtime
+            .followup(
+                &parent,
+                child,
+                vec![ContentBlock::text(text)],
+                MessageSource::Coordinator {
+                    sender: parent.id(),
+                },
+                &Cancellation::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(settles(&mut life, child).await, stop, "{text}");
+    }
+    assert_eq!(router.model("worker").requests().len(), 1);
+    within(parent.when_idle()).await;
+    let declined = notices(&agents, parent.id())
+        .iter()
+        .filter(|n| n.contains("declined"))
+        .count();
+    assert_eq!(declined, 2, "one declined notice per refused epoch");
     runtime.drain().await.unwrap();
     agents.dispose_all().await;
 }

@@ -225,6 +225,7 @@ impl SubagentTool {
             max_depth,
             tool_filter,
             persona,
+            hooks: None,
         };
         match self
             .runtime

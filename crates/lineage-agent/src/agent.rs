@@ -8,14 +8,24 @@ use lineage_log::{
     AbortCause, Event, EventBody, Header, InboxSpliced, InboxTarget, Log, Message, MessageId, Role,
     SessionId, Text, TurnNo, TurnStart, check_append, fold_delegation_depth, own_suffix,
 };
-use lineage_store::{SessionOwner, Store};
+use lineage_store::{SessionOwner, Store, StoreError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use crate::inbox::Inbox;
 use crate::registry::Registry;
 use crate::turn::{self, Opened};
-use crate::{AgentError, Cancellation, Hooks, Model, Prompt, Toolset};
+use crate::{
+    AgentError, Cancellation, Diagnostic, DiagnosticKind, Hooks, Model, Prompt, RegistryEvent,
+    Toolset,
+};
+
+/// What a shared disposal ended with: a failed final flush, if any.
+type DisposalOutcome = Result<(), Arc<StoreError>>;
+
+/// Makes the error an injected flush failure reports (see `Agent::fail_flushes`).
+#[doc(hidden)]
+pub type FlushFault = Box<dyn Fn() -> StoreError + Send + Sync>;
 
 /// An agent's model options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -83,6 +93,18 @@ pub enum AgentEvent {
         /// The event.
         event: Event,
     },
+    /// The agent's work was cancelled (see [`Agent::cancel`]): published once the pending input
+    /// was discarded (unless `keep_inbox`) and before the current turn, if any, is cancelled.
+    Cancelled {
+        /// The agent.
+        agent: SessionId,
+        /// The cause given.
+        cause: AbortCause,
+        /// Whether pending input was kept.
+        keep_inbox: bool,
+    },
+    /// Best-effort work of the agent failed (also sent to its registry's watchers).
+    Diagnostic(Diagnostic),
 }
 
 /// The input claimed for a step, by the list it came from.
@@ -160,7 +182,9 @@ pub struct Agent {
     idle: watch::Sender<bool>,
     /// Bumped on every status change and inbox change (see [`Agent::changes`]).
     changes: watch::Sender<u64>,
-    disposal: Mutex<Option<watch::Receiver<bool>>>,
+    disposal: Mutex<Option<watch::Receiver<Option<DisposalOutcome>>>>,
+    /// While set, every flush fails with the error it makes (a fault-injection seam for tests).
+    flush_fault: Mutex<Option<FlushFault>>,
     registry: Weak<Registry>,
     /// The agent's ownership of its session in the store, held until disposal ends: while it is
     /// held, `Store::load` never repairs the session underneath the agent.
@@ -230,6 +254,7 @@ impl Agent {
             idle: watch::Sender::new(true),
             changes: watch::Sender::new(0),
             disposal: Mutex::new(None),
+            flush_fault: Mutex::new(None),
             registry,
             owner: Mutex::new(Some(owner)),
         }))
@@ -415,6 +440,14 @@ impl Agent {
                 r.wake_requested = false;
             }
         }
+        publish(
+            &mut st,
+            AgentEvent::Cancelled {
+                agent: self.id,
+                cause: cause.clone(),
+                keep_inbox,
+            },
+        );
         if let Phase::Running(r) = &st.phase {
             r.cancel.cancel(cause);
         }
@@ -435,26 +468,73 @@ impl Agent {
     /// can be resumed; an agent that never wrote anything leaves no session, and its id is free
     /// for a new one (this handle then refuses every write with [`AgentError::NotLive`]).
     ///
+    /// Disposal is best effort: a failure (a failed final flush) does not stop it, and is
+    /// published as a [`Diagnostic`] on the agent's events and to the registry's watchers; use
+    /// [`Agent::try_dispose`] to get it back.
+    ///
     /// Must not be awaited from inside one of the agent's own turns (a tool of this agent): the
     /// disposal waits for that turn to end.
     pub async fn dispose(self: &Arc<Self>) {
+        // The failure is already published as a diagnostic.
+        let _ = self.try_dispose().await;
+    }
+
+    /// [`Agent::dispose`], returning how the shared disposal ended: every caller sees the same
+    /// outcome, [`AgentError::FinalFlushFailed`] when the final flush failed. The agent is
+    /// disposed either way.
+    pub async fn try_dispose(self: &Arc<Self>) -> Result<(), AgentError> {
         let mut done = {
             let mut disposal = lock(&self.disposal);
             match &*disposal {
                 Some(done) => done.clone(),
                 None => {
-                    let (tx, rx) = watch::channel(false);
+                    let (tx, rx) = watch::channel(None);
                     *disposal = Some(rx.clone());
                     let agent = self.clone();
                     self.runtime.spawn(async move {
-                        agent.dispose_now().await;
-                        tx.send_replace(true);
+                        let outcome = agent.dispose_now().await;
+                        tx.send_replace(Some(outcome));
                     });
                     rx
                 }
             }
         };
-        let _ = done.wait_for(|done| *done).await;
+        let outcome = match done.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome.clone().unwrap_or(Ok(())),
+            // The disposing task ended without an outcome: only a panic in the store does that.
+            Err(_) => Err(Arc::new(StoreError::Damaged {
+                reason: "the disposal ended without finishing".into(),
+            })),
+        };
+        outcome.map_err(|source| AgentError::FinalFlushFailed {
+            agent: self.id,
+            source,
+        })
+    }
+
+    /// While `fault` is set, every flush of this agent (its turn flushes, [`Agent::flush`] and
+    /// the final flush of its disposal) fails with the error it makes, and nothing is flushed.
+    #[doc(hidden)]
+    pub fn fail_flushes(&self, fault: Option<FlushFault>) {
+        *lock(&self.flush_fault) = fault;
+    }
+
+    /// Publishes a failure of best-effort work: on the agent's events, to its registry's
+    /// watchers and to `tracing`.
+    pub(crate) fn diagnose(&self, kind: DiagnosticKind, reason: String) {
+        tracing::warn!(agent = %self.id, ?kind, %reason, "best-effort work failed");
+        let diagnostic = Diagnostic {
+            agent: self.id,
+            kind,
+            reason,
+        };
+        publish(
+            &mut lock(&self.state),
+            AgentEvent::Diagnostic(diagnostic.clone()),
+        );
+        if let Some(registry) = self.registry.upgrade() {
+            registry.broadcast(RegistryEvent::Diagnostic(diagnostic));
+        }
     }
 
     /// Whether disposal has begun.
@@ -462,14 +542,21 @@ impl Agent {
         lock(&self.state).disposing
     }
 
-    async fn dispose_now(self: Arc<Self>) {
+    async fn dispose_now(self: Arc<Self>) -> DisposalOutcome {
         lock(&self.state).disposing = true;
         if let Err(error) = self.cancel(AbortCause::Disposed, false) {
-            tracing::warn!(agent = %self.id, %error, "disposal could not discard pending input");
+            self.diagnose(
+                DiagnosticKind::DiscardFailed,
+                format!("disposal could not discard pending input: {error}"),
+            );
         }
         self.when_idle().await;
-        if let Err(error) = self.flush().await {
-            tracing::warn!(agent = %self.id, %error, "final flush failed during disposal");
+        let outcome = self.flush_store().await.map_err(Arc::new);
+        if let Err(error) = &outcome {
+            self.diagnose(
+                DiagnosticKind::FinalFlushFailed,
+                format!("the final flush of disposal failed: {error}"),
+            );
         }
         *lock(&self.tools) = Arc::new(Toolset::default());
         {
@@ -480,10 +567,15 @@ impl Agent {
         }
         if let Some(registry) = self.registry.upgrade() {
             registry.remove(&self);
+            registry.broadcast(RegistryEvent::Disposed {
+                agent: self.id,
+                failed: outcome.is_err(),
+            });
         }
         lock(&self.state).subscribers.clear();
         // Last: the session is the store's to repair again once nothing more will be appended.
         drop(lock(&self.owner).take());
+        outcome
     }
 
     // ----- the log -------------------------------------------------------------------------------
@@ -551,18 +643,26 @@ impl Agent {
 
     /// Waits until everything the agent has appended is durable.
     pub async fn flush(&self) -> Result<(), AgentError> {
+        self.flush_store()
+            .await
+            .map_err(|source| AgentError::Store {
+                agent: self.id,
+                source,
+            })
+    }
+
+    async fn flush_store(&self) -> Result<(), StoreError> {
+        if let Some(fault) = &*lock(&self.flush_fault) {
+            return Err(fault());
+        }
         let store = self.store.clone();
         let id = self.id;
-        let flushed = tokio::task::spawn_blocking(move || store.flush(id)).await;
-        match flushed {
-            Ok(result) => result.map_err(|source| AgentError::Store { agent: id, source }),
+        match tokio::task::spawn_blocking(move || store.flush(id)).await {
+            Ok(result) => result,
             // The closure only calls into the store; a panic there is the storage engine's and is
             // reported as a damaged store.
-            Err(join) => Err(AgentError::Store {
-                agent: id,
-                source: lineage_store::StoreError::Damaged {
-                    reason: join.to_string(),
-                },
+            Err(join) => Err(StoreError::Damaged {
+                reason: join.to_string(),
             }),
         }
     }

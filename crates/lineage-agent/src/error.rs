@@ -1,5 +1,7 @@
 //! The agent runtime's error type.
 
+use std::sync::Arc;
+
 use lineage_log::{LogError, MessageId, SessionId};
 use lineage_store::StoreError;
 
@@ -99,6 +101,17 @@ pub enum AgentError {
         agent: SessionId,
         /// The refused kind's display name.
         kind: &'static str,
+    },
+    /// The agent was disposed (it left the registry), but its final flush failed: what it
+    /// appended last may not be durable, and the stored session may be stale on resume. Every
+    /// caller of the shared disposal sees this same failure.
+    #[error("agent {agent}: disposed, but the final flush failed: {source}")]
+    FinalFlushFailed {
+        /// The agent.
+        agent: SessionId,
+        /// What the store said.
+        #[source]
+        source: Arc<StoreError>,
     },
     /// The creation was cancelled before anything was written.
     #[error("creating agent {agent} was cancelled")]

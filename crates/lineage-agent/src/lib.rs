@@ -30,8 +30,9 @@ mod registry;
 mod scripted;
 mod tool;
 mod turn;
+mod watch;
 
-pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus};
+pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus, FlushFault};
 pub use cancel::Cancellation;
 pub use error::AgentError;
 pub use hooks::{HOOK_FAILED, HOOK_PANICKED, HookError, Hooks, NoHooks, PreStep, PreStepDecision};
@@ -45,3 +46,4 @@ pub use tool::{
     ToolContext, ToolOutput, Toolset,
 };
 pub use turn::{NO_MODEL, PERSISTENCE, TURN_PANICKED};
+pub use watch::{Diagnostic, DiagnosticKind, RegistryEvent};

@@ -13,7 +13,10 @@ use tokio::runtime::Handle;
 
 use crate::agent::{Config, lock};
 use crate::inbox::Inbox;
-use crate::{Agent, AgentError, AgentOptions, Hooks, Model, NoHooks, Prompt, Tool, Toolset};
+use crate::{
+    Agent, AgentError, AgentOptions, Diagnostic, Hooks, Model, NoHooks, Prompt, RegistryEvent,
+    Tool, Toolset,
+};
 
 /// How many tool calls of one step may run at once, unless an agent says otherwise.
 pub const DEFAULT_MAX_PARALLEL_TOOLS: usize = 10;
@@ -132,9 +135,15 @@ pub(crate) struct Registry {
     model: Arc<dyn Model>,
     prompt: Arc<Prompt>,
     slots: Mutex<HashMap<SessionId, Slot>>,
+    watchers: Mutex<Vec<tokio::sync::mpsc::UnboundedSender<RegistryEvent>>>,
 }
 
 impl Registry {
+    /// Sends `event` to every watcher still listening.
+    pub(crate) fn broadcast(&self, event: RegistryEvent) {
+        lock(&self.watchers).retain(|w| w.send(event.clone()).is_ok());
+    }
+
     /// Forgets `agent`, if it is still the live agent under its id.
     pub(crate) fn remove(&self, agent: &Arc<Agent>) {
         let mut slots = lock(&self.slots);
@@ -191,6 +200,7 @@ impl Agents {
                 model,
                 prompt: Arc::new(prompt),
                 slots: Mutex::new(HashMap::new()),
+                watchers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -198,6 +208,23 @@ impl Agents {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// A stream of what happens to the registry from now on, in order: agents created, resumed
+    /// and disposed, and diagnostics (failed best-effort work of its agents, and whatever is
+    /// [reported](Agents::report)). Nothing is dropped; the stream never ends while the
+    /// registry lives.
+    pub fn subscribe(&self) -> tokio::sync::mpsc::UnboundedReceiver<RegistryEvent> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.inner.watchers).push(tx);
+        rx
+    }
+
+    /// Publishes `diagnostic` to the registry's watchers: for runtimes built over the registry
+    /// (such as the subagent runtime) whose best-effort work failed.
+    pub fn report(&self, diagnostic: Diagnostic) {
+        tracing::warn!(agent = %diagnostic.agent, kind = ?diagnostic.kind, reason = %diagnostic.reason, "best-effort work failed");
+        self.inner.broadcast(RegistryEvent::Diagnostic(diagnostic));
     }
 
     /// The live agent with id `id`: the exact `Arc` the registry holds.
@@ -246,6 +273,7 @@ impl Agents {
         options: AgentOptions,
         log: Log,
         (config, tools): (Config, Toolset),
+        resumed: bool,
     ) -> Result<Arc<Agent>, AgentError> {
         let id = header.id;
         let owner = self
@@ -266,6 +294,11 @@ impl Agents {
         )?;
         lock(&self.inner.slots).insert(agent.id(), Slot::Live(agent.clone()));
         reservation.published = true;
+        self.inner.broadcast(if resumed {
+            RegistryEvent::Resumed { agent: id }
+        } else {
+            RegistryEvent::Created { agent: id }
+        });
         Ok(agent)
     }
 
@@ -375,7 +408,14 @@ impl Agents {
                 (header, log)
             }
         };
-        let agent = self.publish(reservation, header, spec.options, log, (config, tools))?;
+        let agent = self.publish(
+            reservation,
+            header,
+            spec.options,
+            log,
+            (config, tools),
+            false,
+        )?;
         tracing::debug!(agent = %id, "agent created");
         Ok(agent)
     }
@@ -399,6 +439,7 @@ impl Agents {
             spec.options,
             log,
             (config, tools),
+            true,
         )?;
         tracing::debug!(agent = %id, "agent resumed");
         Ok(agent)
@@ -412,6 +453,14 @@ impl Agents {
                 true
             }
             None => false,
+        }
+    }
+
+    /// [`Agents::dispose`], reporting a failed disposal (see [`Agent::try_dispose`]).
+    pub async fn try_dispose(&self, id: SessionId) -> Result<bool, AgentError> {
+        match self.get(id) {
+            Some(agent) => agent.try_dispose().await.map(|()| true),
+            None => Ok(false),
         }
     }
 

@@ -1,0 +1,165 @@
+//! What a host can watch: the registry's agents coming and going, an agent's cancellations, and
+//! the failures of best-effort work (a disposal's final flush) as events and as the disposal's
+//! outcome.
+
+mod common;
+
+use common::*;
+use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, RegistryEvent};
+use lineage_log::{AbortCause, ApprovalPolicy, EventBody, InboxTarget, PolicySource};
+use lineage_store::StoreError;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn policy(name: &str) -> EventBody {
+    EventBody::from(ApprovalPolicy {
+        policy: name.into(),
+        source: PolicySource::Own,
+    })
+}
+
+/// Everything received so far, without waiting.
+fn drain<T>(rx: &mut UnboundedReceiver<T>) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        out.push(event);
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_registry_reports_agents_created_resumed_and_disposed_in_order() {
+    let h = Harness::new([]);
+    let mut watch = h.agents.subscribe();
+    let agent = h.agent().await;
+    let id = agent.id();
+    agent.record(policy("never")).unwrap();
+    agent.dispose().await;
+    let resumed = h.agents.resume(id, spec()).await.unwrap();
+    assert!(h.agents.dispose(resumed.id()).await);
+    assert_eq!(
+        drain(&mut watch),
+        vec![
+            RegistryEvent::Created { agent: id },
+            RegistryEvent::Disposed {
+                agent: id,
+                failed: false
+            },
+            RegistryEvent::Resumed { agent: id },
+            RegistryEvent::Disposed {
+                agent: id,
+                failed: false
+            },
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_cancellation_is_published_with_its_cause_and_inbox_choice() {
+    let h = Harness::new([]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.inject(user("parked")).unwrap();
+    agent.cancel(AbortCause::User, true).unwrap();
+    assert_eq!(agent.pending(InboxTarget::NextStep).len(), 1);
+    agent
+        .cancel(
+            AbortCause::Hook {
+                reason: "enough".into(),
+            },
+            false,
+        )
+        .unwrap();
+    agent.dispose().await;
+    let cancels: Vec<(AbortCause, bool)> = drain(&mut rx)
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Cancelled {
+                agent: who,
+                cause,
+                keep_inbox,
+            } => {
+                assert_eq!(who, agent.id());
+                Some((cause, keep_inbox))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels,
+        vec![
+            (AbortCause::User, true),
+            (
+                AbortCause::Hook {
+                    reason: "enough".into()
+                },
+                false
+            ),
+            (AbortCause::Disposed, false),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnostic() {
+    let h = Harness::new([]);
+    let mut watch = h.agents.subscribe();
+    let agent = h.agent().await;
+    let id = agent.id();
+    agent.record(policy("never")).unwrap();
+    let mut rx = agent.subscribe();
+    agent.fail_flushes(Some(Box::new(|| StoreError::Unavailable {
+        reason: "the disk is gone".into(),
+    })));
+    let (first, second) = tokio::join!(agent.try_dispose(), agent.try_dispose());
+    for outcome in [first, second, agent.try_dispose().await] {
+        match outcome {
+            Err(AgentError::FinalFlushFailed { agent: who, source }) => {
+                assert_eq!(who, id);
+                assert!(
+                    matches!(&*source, StoreError::Unavailable { reason } if reason == "the disk is gone"),
+                    "{source:?}"
+                );
+            }
+            other => panic!("expected FinalFlushFailed, got {other:?}"),
+        }
+    }
+    // Disposed all the same.
+    assert!(h.agents.get(id).is_none());
+    let diagnostics: Vec<Diagnostic> = drain(&mut rx)
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::Diagnostic(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    assert_eq!(diagnostics[0].agent, id);
+    assert_eq!(diagnostics[0].kind, DiagnosticKind::FinalFlushFailed);
+    assert!(
+        diagnostics[0].reason.contains("the disk is gone"),
+        "{}",
+        diagnostics[0].reason
+    );
+    assert_eq!(
+        drain(&mut watch),
+        vec![
+            RegistryEvent::Created { agent: id },
+            RegistryEvent::Diagnostic(diagnostics[0].clone()),
+            RegistryEvent::Disposed {
+                agent: id,
+                failed: true
+            },
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disposal_whose_flush_works_reports_success_to_every_disposer() {
+    let h = Harness::new([]);
+    let agent = h.agent().await;
+    agent.record(policy("never")).unwrap();
+    let (first, second) = tokio::join!(agent.try_dispose(), agent.try_dispose());
+    assert!(first.is_ok() && second.is_ok());
+    assert!(matches!(h.agents.try_dispose(agent.id()).await, Ok(false)));
+    assert_eq!(h.store.info(agent.id()).unwrap().len, 1);
+}

@@ -23,7 +23,7 @@ use crate::{
 /// What a shared disposal ended with: a failed final flush, if any.
 type DisposalOutcome = Result<(), Arc<StoreError>>;
 
-/// Makes the error an injected flush failure reports (see `Agent::fail_flushes`).
+/// Makes the error an injected final-flush failure reports (see `Agent::fail_final_flush`).
 #[doc(hidden)]
 pub type FlushFault = Box<dyn Fn() -> StoreError + Send + Sync>;
 
@@ -183,7 +183,8 @@ pub struct Agent {
     /// Bumped on every status change and inbox change (see [`Agent::changes`]).
     changes: watch::Sender<u64>,
     disposal: Mutex<Option<watch::Receiver<Option<DisposalOutcome>>>>,
-    /// While set, every flush fails with the error it makes (a fault-injection seam for tests).
+    /// While set, the final flush of disposal fails with the error it makes (a fault-injection
+    /// seam for tests).
     flush_fault: Mutex<Option<FlushFault>>,
     registry: Weak<Registry>,
     /// The agent's ownership of its session in the store, held until disposal ends: while it is
@@ -512,10 +513,10 @@ impl Agent {
         })
     }
 
-    /// While `fault` is set, every flush of this agent (its turn flushes, [`Agent::flush`] and
-    /// the final flush of its disposal) fails with the error it makes, and nothing is flushed.
+    /// While `fault` is set, the final flush of this agent's disposal fails with the error it
+    /// makes (and flushes nothing). Turn flushes and [`Agent::flush`] are not affected.
     #[doc(hidden)]
-    pub fn fail_flushes(&self, fault: Option<FlushFault>) {
+    pub fn fail_final_flush(&self, fault: Option<FlushFault>) {
         *lock(&self.flush_fault) = fault;
     }
 
@@ -551,7 +552,11 @@ impl Agent {
             );
         }
         self.when_idle().await;
-        let outcome = self.flush_store().await.map_err(Arc::new);
+        let fault = lock(&self.flush_fault).as_ref().map(|fault| fault());
+        let outcome = match fault {
+            Some(error) => Err(Arc::new(error)),
+            None => self.flush_store().await.map_err(Arc::new),
+        };
         if let Err(error) = &outcome {
             self.diagnose(
                 DiagnosticKind::FinalFlushFailed,
@@ -652,9 +657,6 @@ impl Agent {
     }
 
     async fn flush_store(&self) -> Result<(), StoreError> {
-        if let Some(fault) = &*lock(&self.flush_fault) {
-            return Err(fault());
-        }
         let store = self.store.clone();
         let id = self.id;
         match tokio::task::spawn_blocking(move || store.flush(id)).await {

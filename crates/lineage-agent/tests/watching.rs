@@ -107,7 +107,7 @@ async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnos
     let id = agent.id();
     agent.record(policy("never")).unwrap();
     let mut rx = agent.subscribe();
-    agent.fail_flushes(Some(Box::new(|| StoreError::Unavailable {
+    agent.fail_final_flush(Some(Box::new(|| StoreError::Unavailable {
         reason: "the disk is gone".into(),
     })));
     let (first, second) = tokio::join!(agent.try_dispose(), agent.try_dispose());

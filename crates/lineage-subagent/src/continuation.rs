@@ -7,9 +7,15 @@
 //!
 //! - *running* while its agent runs or a waking message it accepted is not yet claimed,
 //! - *waiting* while it is quiescent but owns resident children of its own,
-//! - *settled* otherwise, and then it is torn down, children first: cancel, wait, flush, capture
-//!   what the epoch produced, dispose of the agent, forget the activation, send the parent the
-//!   settlement notice, release the parent's ownership, emit `subagent/end`.
+//! - *settled* otherwise, and then it is torn down, children first: cancel, wait, capture what
+//!   the epoch produced, dispose of the agent (its final flush included), forget the activation,
+//!   send the parent the settlement notice, release the parent's ownership, emit `subagent/end`.
+//!
+//! A teardown that fails (a child's teardown, or the agent's disposal: a failed final flush)
+//! still runs to its end; the epoch then counts as failed (`error`, the "failed" notice) and the
+//! teardown reports `ACTIVATION_TEARDOWN_FAILED`. Failures of best-effort work (a teardown, an
+//! undelivered notice, a failed cancel) are also reported to the registry's watchers as
+//! diagnostics.
 //!
 //! The notice goes out before ownership is released, so a parent waiting on its children can
 //! never be judged settled with a notice still to come. A later follow-up to a settled child
@@ -20,7 +26,9 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::{Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation, Hooks};
+use lineage_agent::{
+    Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation, Diagnostic, DiagnosticKind, Hooks,
+};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
     Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
@@ -278,6 +286,15 @@ fn teardown_failed(message: String) -> SubagentError {
 }
 
 impl SubagentRuntime {
+    /// Reports a failure of best-effort work about `agent` to the registry's watchers.
+    fn diagnose(&self, agent: SessionId, kind: DiagnosticKind, reason: String) {
+        self.agents().report(Diagnostic {
+            agent,
+            kind,
+            reason,
+        });
+    }
+
     // ----- admission and authority ---------------------------------------------------------------
 
     /// `agent`, then its parent, grandparent, ... as long as each is live (exact registry
@@ -1058,9 +1075,8 @@ impl SubagentRuntime {
             };
             match disposal {
                 Some(disposal) => {
-                    if let Err(error) = wait(disposal).await {
-                        tracing::warn!(child = %activation.child(), %error, "activation teardown failed");
-                    }
+                    // A failure is reported by the teardown itself.
+                    let _ = wait(disposal).await;
                     return;
                 }
                 None => {
@@ -1090,7 +1106,11 @@ impl SubagentRuntime {
         };
         activation.poke();
         if let Err(error) = activation.agent.cancel(AbortCause::Parent, false) {
-            tracing::warn!(child = %activation.child(), %error, "cancelling the child failed");
+            self.diagnose(
+                activation.child(),
+                DiagnosticKind::CancelFailed,
+                format!("cancelling the settled child failed: {error}"),
+            );
         }
         let owned: Vec<SessionId> = lock(&activation.st).owned.iter().copied().collect();
         let children: Vec<Disposal> = owned
@@ -1106,24 +1126,22 @@ impl SubagentRuntime {
         rx
     }
 
-    /// The rest of a teardown, in order: the children's teardowns, quiescence, the final flush
-    /// (a failure is only logged), the epoch's terminal facts, disposal of the agent, the
-    /// activation forgotten, the notice, ownership released, `subagent/end`. Only a child's
-    /// failed teardown fails this one, and it is still carried through to the end.
+    /// The rest of a teardown, in order: the children's teardowns, quiescence, the epoch's
+    /// terminal facts, disposal of the agent (its final flush included), the activation
+    /// forgotten, the notice, ownership released, `subagent/end`. A child's failed teardown or
+    /// a failed disposal of the agent fails this one (the epoch then counts as failed), and it is
+    /// still carried through to the end, then reported to the registry's watchers.
     async fn finish_disposal(
         &self,
         activation: &Arc<Activation>,
         children: Vec<Disposal>,
     ) -> Result<(), SubagentError> {
         let id = activation.child();
-        let failure = aggregate(children, "child activation(s)")
-            .await
-            .err()
-            .map(|e| teardown_failed(format!("subagent {id}: {e}")));
-        activation.agent.when_idle().await;
-        if let Err(error) = activation.agent.flush().await {
-            tracing::warn!(child = %id, %error, "the final flush of a settled child failed; its stored state may be stale on resume");
+        let mut failures = Vec::new();
+        if let Err(error) = aggregate(children, "child activation(s)").await {
+            failures.push(format!("child teardown failed: {error}"));
         }
+        activation.agent.when_idle().await;
         let terminal = activation.agent.with_events(|events| {
             let own = &events[activation.boundary.min(events.len())..];
             Terminal {
@@ -1131,7 +1149,18 @@ impl SubagentRuntime {
                 output: closing_message(own),
             }
         });
-        activation.agent.dispose().await;
+        if let Err(error) = activation.agent.try_dispose().await {
+            failures.push(format!("its agent's disposal failed: {error}"));
+        }
+        let failure = match failures.as_slice() {
+            [] => None,
+            [one] => Some(teardown_failed(format!("subagent {id}: {one}"))),
+            many => Some(teardown_failed(format!(
+                "subagent {id}: teardown failed at {} boundaries: {}",
+                many.len(),
+                many.join("; ")
+            ))),
+        };
         self.forget(activation);
         let terminal = match &failure {
             Some(_) => Terminal {
@@ -1147,7 +1176,13 @@ impl SubagentRuntime {
             stop_reason: terminal.stop_reason,
             last_assistant_message: (!terminal.output.is_empty()).then_some(terminal.output),
         });
-        failure.map_or(Ok(()), Err)
+        match failure {
+            Some(error) => {
+                self.diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
+                Err(error)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Tells the parent that the child settled, with its closing message. Sent only when the
@@ -1201,7 +1236,11 @@ impl SubagentRuntime {
             })
         };
         if let Err(error) = sent {
-            tracing::warn!(%child, parent = %parent.id(), %error, "the settlement notice was not delivered");
+            self.diagnose(
+                parent.id(),
+                DiagnosticKind::NoticeUndelivered,
+                format!("the settlement notice of subagent {child} was not delivered: {error}"),
+            );
         }
     }
 

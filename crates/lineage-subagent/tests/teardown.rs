@@ -1,0 +1,213 @@
+//! Teardown failures of continuable children are real and visible: a child whose disposal fails
+//! (its final flush) settles as failed, its parent gets the "failed" notice, the teardown reports
+//! `ACTIVATION_TEARDOWN_FAILED`, and every such best-effort failure, an undelivered notice
+//! included, reaches the registry's watchers as a diagnostic.
+//!
+//! Deterministic: time is paused and child models are held by gates.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use lineage_agent::{Agent, AgentEvent, Diagnostic, DiagnosticKind, Gate, RegistryEvent, Response};
+use lineage_log::{ApprovalPolicy, ContentBlock, Event, EventBody, MessageSource, PolicySource};
+use lineage_store::StoreError;
+use lineage_subagent::{ContinuableRequest, ErrorCode, Lifecycle, StopReason};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+fn continuable(parent: &Arc<Agent>, model: &str) -> ContinuableRequest {
+    ContinuableRequest {
+        agent_options: lineage_subagent::ChildOptions {
+            model: Some(model.into()),
+            ..Default::default()
+        },
+        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), "work")
+    }
+}
+
+fn broken_disk(agent: &Agent) {
+    agent.fail_final_flush(Some(Box::new(|| StoreError::Unavailable {
+        reason: "the disk is gone".into(),
+    })));
+}
+
+/// The diagnostics the registry's watchers have received so far.
+fn diagnostics(watch: &mut UnboundedReceiver<RegistryEvent>) -> Vec<Diagnostic> {
+    drain(watch)
+        .into_iter()
+        .filter_map(|e| match e {
+            RegistryEvent::Diagnostic(d) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn notice_text(events: &mut UnboundedReceiver<AgentEvent>) -> String {
+    within(async {
+        loop {
+            match events.recv().await {
+                Some(AgentEvent::InboxInserted { message, .. })
+                    if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
+                {
+                    return message
+                        .content
+                        .iter()
+                        .filter_map(|b| match b {
+                            ContentBlock::Text { text } => Some(text.to_string()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                }
+                Some(_) => {}
+                None => panic!("the parent's event stream ended"),
+            }
+        }
+    })
+    .await
+}
+
+async fn end_of(life: &mut UnboundedReceiver<Lifecycle>) -> StopReason {
+    within(async {
+        loop {
+            match life.recv().await {
+                Some(Lifecycle::End { stop_reason, .. }) => return stop_reason,
+                Some(_) => {}
+                None => panic!("the lifecycle stream ended"),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settled_child_whose_final_flush_fails_settles_failed_with_the_failed_notice() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker")
+        .push([Response::text("the answer is 42").gated(&gate)]);
+    h.parent_model().push([Response::text("noted")]);
+    let parent = h.parent().await;
+    let mut parent_events = parent.subscribe();
+    let mut watch = h.agents.subscribe();
+    let (_, mut life) = listen(&h.runtime);
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker"))
+        .await
+        .unwrap();
+    let child = h.agents.get(started.child).expect("the child is live");
+    h.model("worker").wait_for_requests(1).await;
+    broken_disk(&child);
+    gate.open();
+
+    let notice = notice_text(&mut parent_events).await;
+    assert_eq!(
+        notice,
+        format!(
+            "Background subagent {} failed before it finished.\nIt left no closing message.",
+            started.child
+        )
+    );
+    assert_eq!(end_of(&mut life).await, StopReason::Error);
+    within(parent.when_idle()).await;
+    assert!(!h.runtime.is_resident(started.child));
+    assert!(
+        h.agents.get(started.child).is_none(),
+        "disposed all the same"
+    );
+
+    let seen = diagnostics(&mut watch);
+    let kinds: Vec<(lineage_log::SessionId, DiagnosticKind)> =
+        seen.iter().map(|d| (d.agent, d.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (started.child, DiagnosticKind::FinalFlushFailed),
+            (started.child, DiagnosticKind::TeardownFailed),
+        ],
+        "{seen:?}"
+    );
+    assert!(
+        seen[1].reason.contains("the disk is gone"),
+        "{}",
+        seen[1].reason
+    );
+    assert!(
+        seen[1].reason.contains(&started.child.to_string()),
+        "{}",
+        seen[1].reason
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_reports_activation_teardown_failed_when_a_childs_disposal_fails() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker")
+        .push([Response::text("never sent").gated(&gate)]);
+    let parent = h.parent().await;
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker"))
+        .await
+        .unwrap();
+    let child = h.agents.get(started.child).expect("the child is live");
+    h.model("worker").wait_for_requests(1).await;
+    broken_disk(&child);
+    let error = refusal(within(h.runtime.drain()).await);
+    assert_eq!(error.code(), ErrorCode::ActivationTeardownFailed);
+    assert!(
+        error.to_string().contains(&started.child.to_string()),
+        "{error}"
+    );
+    assert!(error.to_string().contains("the disk is gone"), "{error}");
+    assert!(h.agents.get(started.child).is_none());
+    assert!(!h.runtime.is_resident(started.child));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker")
+        .push([Response::text("the answer is 42").gated(&gate)]);
+    let parent = h.parent().await;
+    let mut watch = h.agents.subscribe();
+    let (_, mut life) = listen(&h.runtime);
+    let started = h
+        .runtime
+        .start_continuable("spawn", continuable(&parent, "worker"))
+        .await
+        .unwrap();
+    h.model("worker").wait_for_requests(1).await;
+    // Another writer appends to the parent's session behind its back: the parent's next append
+    // (the notice) is refused by the store.
+    let seq = parent.events().len() as u64;
+    let foreign = EventBody::from(ApprovalPolicy {
+        policy: "never".into(),
+        source: PolicySource::Own,
+    });
+    h.store
+        .append(parent.id(), &[Event::new(seq, 0, foreign)])
+        .unwrap();
+    gate.open();
+    assert_eq!(end_of(&mut life).await, StopReason::Completed);
+
+    let seen = diagnostics(&mut watch);
+    match seen.as_slice() {
+        [d] => {
+            assert_eq!(
+                (d.agent, d.kind),
+                (parent.id(), DiagnosticKind::NoticeUndelivered)
+            );
+            assert!(
+                d.reason.contains(&started.child.to_string()),
+                "{}",
+                d.reason
+            );
+        }
+        other => panic!("expected one undelivered-notice diagnostic, got {other:?}"),
+    }
+}

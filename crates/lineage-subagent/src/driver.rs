@@ -148,8 +148,10 @@ fn one_shot_run(
             Box::pin(async move {
                 cancelled.store(true, Ordering::SeqCst);
                 finished.cancel(AbortCause::Disposed);
-                child.dispose().await;
-                Ok(())
+                child
+                    .try_dispose()
+                    .await
+                    .map_err(|e| SubagentError::agent(child.id(), e))
             })
         }
     };

@@ -1,7 +1,8 @@
 //! Teardown failures of continuable children are real and visible: a child whose disposal fails
 //! (its final flush) settles as failed, its parent gets the "failed" notice, the teardown reports
 //! `ACTIVATION_TEARDOWN_FAILED`, and every such best-effort failure, an undelivered notice
-//! included, reaches the registry's watchers as a diagnostic.
+//! included, reaches the registry's watchers as a diagnostic. A one-shot run whose child's final
+//! flush fails keeps its result, and its disposal reports the failure.
 //!
 //! Deterministic: time is paused and child models are held by gates.
 
@@ -210,4 +211,33 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
         }
         other => panic!("expected one undelivered-notice diagnostic, got {other:?}"),
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_one_shot_run_whose_final_flush_fails_keeps_its_result_and_fails_its_disposal() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.child_model()
+        .push([Response::text("the answer is 42").gated(&gate)]);
+    let parent = h.parent().await;
+    let run = within(h.runtime.start("spawn", request(&parent, "task")))
+        .await
+        .expect("the run starts");
+    let child = run.local_agent().expect("the child runs here").clone();
+    within(h.child_model().wait_for_requests(1)).await;
+    broken_disk(&child);
+    gate.open();
+    let result = within(run.result()).await.expect("the run has a result");
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(result.text(), "the answer is 42");
+    for _ in 0..2 {
+        let error = refusal(within(run.dispose()).await);
+        assert_eq!(error.code(), ErrorCode::AgentFailure);
+        assert!(error.to_string().contains("the disk is gone"), "{error}");
+        assert!(
+            error.to_string().contains(&child.id().to_string()),
+            "{error}"
+        );
+    }
+    assert!(h.agents.get(child.id()).is_none(), "disposed all the same");
 }

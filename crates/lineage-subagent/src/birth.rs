@@ -7,8 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use lineage_agent::{Agent, AgentOptions, AgentSpec, Agents, CreateAgent, Seed, Tool};
 use lineage_log::{
-    ApprovalPolicy, Digest, EventBody, Header, PolicySource, SandboxMode, SessionId,
-    SessionLineage, SubagentDescriptor, Text, ToolFilter, fold_policy, with_log_facts,
+    ApprovalPolicy, Custom, DescriptorMode, Digest, Event, EventBody, Header, PolicySource,
+    SandboxMode, SessionId, SessionLineage, SubagentDescriptor, Text, ToolFilter, fold_policy,
+    own_suffix, with_log_facts,
 };
 
 use crate::{ChildOptions, DelegatedPolicy, DepthExceeded, ErrorCode, SubagentError};
@@ -71,6 +72,67 @@ pub fn child_options(parent: &AgentOptions, requested: &ChildOptions, depth: u32
         model: requested.model.clone().or_else(|| parent.model.clone()),
         max_tokens: requested.max_tokens.or(parent.max_tokens),
         subagent_depth: depth,
+    }
+}
+
+/// The `custom` event type in which a continuable child records the options its descriptor does
+/// not carry (today the token limit), so a cold resume runs it with the options it was born with.
+/// Readers that do not know it may skip it.
+pub const OPTIONS_EVENT: &str = "lineage.subagent/options";
+
+/// The event that records `options`' token limit: a JSON object with `max_tokens` when one is
+/// set, empty otherwise.
+pub(crate) fn options_event(options: &AgentOptions) -> EventBody {
+    let mut payload = serde_json::Map::new();
+    if let Some(max) = options.max_tokens {
+        payload.insert("max_tokens".into(), max.into());
+    }
+    Custom {
+        type_name: OPTIONS_EVENT.into(),
+        payload: serde_json::Value::Object(payload).to_string().into(),
+        ignorable: true,
+    }
+    .into()
+}
+
+/// The token limit `child` recorded in its own suffix (the first [`OPTIONS_EVENT`] there), or
+/// `None` when it recorded none. A record that is not a JSON object, or whose `max_tokens` is
+/// not a positive 32-bit number, is refused (`NOT_RESUMABLE`) naming the seq and the field.
+pub(crate) fn recorded_max_tokens(
+    child: SessionId,
+    events: &[Event],
+) -> Result<Option<u32>, SubagentError> {
+    let Some(event) = own_suffix(events)
+        .iter()
+        .find(|e| matches!(&e.body, EventBody::Custom(c) if c.type_name.as_str() == OPTIONS_EVENT))
+    else {
+        return Ok(None);
+    };
+    let EventBody::Custom(custom) = &event.body else {
+        return Ok(None);
+    };
+    let corrupt = |what: &str| {
+        SubagentError::new(
+            ErrorCode::NotResumable,
+            format!(
+                "subagent {child} cannot be resumed: its {OPTIONS_EVENT} record at seq {} {what}",
+                event.seq
+            ),
+        )
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(custom.payload.as_str()).map_err(|_| corrupt("is not JSON"))?;
+    let Some(object) = value.as_object() else {
+        return Err(corrupt("is not a JSON object"));
+    };
+    match object.get("max_tokens") {
+        None => Ok(None),
+        Some(max) => max
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| corrupt("has a max_tokens field that is not a positive 32-bit number")),
     }
 }
 
@@ -177,7 +239,8 @@ pub(crate) fn check_parent(agents: &Agents, parent: &Arc<Agent>) -> Result<(), S
 }
 
 /// Creates the child: its seed (a fork of the parent's completed turns, or nothing), then
-/// `session/lineage`, `subagent/descriptor` and the delegated policy, in one store operation,
+/// `session/lineage`, `subagent/descriptor`, the delegated policy and, for a continuable child,
+/// its [`OPTIONS_EVENT`], in one store operation,
 /// before it is published. A refusal leaves no agent and no stored session.
 pub(crate) async fn create_child(
     agents: &Agents,
@@ -192,8 +255,13 @@ pub(crate) async fn create_child(
         policy,
         spec,
     } = plan;
+    let continuable = descriptor.mode == DescriptorMode::Continuable;
     let mut setup: Vec<EventBody> = vec![descriptor.into()];
     setup.extend(policy_events(&policy));
+    if continuable {
+        // A cold resume rebuilds the child's options from its own events.
+        setup.push(options_event(&spec.options));
+    }
     let base = Header {
         cwd: parent.header().cwd.clone(),
         agent_preset: parent.header().agent_preset.clone(),
@@ -279,6 +347,39 @@ mod tests {
         assert_eq!(overridden.model.as_deref(), Some("small"));
         assert_eq!(overridden.max_tokens, Some(50));
         assert_eq!(overridden.subagent_depth, 2);
+    }
+
+    #[test]
+    fn the_options_record_reads_back_and_a_bad_one_is_refused_naming_its_seq() {
+        let child = SessionId::default();
+        let with = AgentOptions {
+            max_tokens: Some(300),
+            ..AgentOptions::default()
+        };
+        let events = [Event::new(0, 0, options_event(&with))];
+        assert_eq!(recorded_max_tokens(child, &events).unwrap(), Some(300));
+        let events = [Event::new(0, 0, options_event(&AgentOptions::default()))];
+        assert_eq!(recorded_max_tokens(child, &events).unwrap(), None);
+        assert_eq!(recorded_max_tokens(child, &[]).unwrap(), None);
+        for payload in [
+            "not json",
+            "[1]",
+            r#"{"max_tokens":0}"#,
+            r#"{"max_tokens":-3}"#,
+        ] {
+            let bad = Custom {
+                type_name: OPTIONS_EVENT.into(),
+                payload: payload.into(),
+                ignorable: true,
+            };
+            let error = recorded_max_tokens(child, &[Event::new(0, 0, bad)]).unwrap_err();
+            assert_eq!(error.code(), ErrorCode::NotResumable, "{payload}");
+            assert!(
+                error.message().contains("seq 0"),
+                "{payload}: {}",
+                error.message()
+            );
+        }
     }
 
     #[test]

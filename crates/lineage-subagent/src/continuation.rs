@@ -852,8 +852,8 @@ impl SubagentRuntime {
     }
 
     /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
-    /// the child's model, persona and tool filter come from its descriptor, its depth and policy
-    /// from its own events.
+    /// the child's model provider, model, persona and tool filter come from its descriptor, its
+    /// token limit, depth and policy from its own events.
     async fn cold_resume(
         &self,
         parent: &Arc<Agent>,
@@ -899,7 +899,7 @@ impl SubagentRuntime {
         let options = AgentOptions {
             provider: descriptor.agent_provider.clone(),
             model: descriptor.agent_model.clone(),
-            max_tokens: None,
+            max_tokens: birth::recorded_max_tokens(child, &loaded.events)?,
             // The stored lineage is the floor; the runtime asks for nothing more.
             subagent_depth: 0,
         };

@@ -1,0 +1,132 @@
+//! A continuable child keeps the agent options it was born with (model provider, model, token
+//! limit) when a follow-up resumes it cold, after the host restarted, whether the options were
+//! given in its request or inherited from its parent.
+//!
+//! Deterministic: time is paused and the tests wait on the runtime's own lifecycle events.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use lineage_agent::{Agents, Cancellation, CreateAgent, ModelRequest, Response};
+use lineage_log::{ContentBlock, MessageSource, SessionId};
+use lineage_store::Store;
+use lineage_subagent::{
+    ChildOptions, ContinuableRequest, Lifecycle, SpawnProvider, SubagentRuntime,
+};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// A runtime over the store file at `path`, as a new process builds it.
+fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
+    let store = Store::open(path).expect("the store reopens");
+    let router = Arc::new(Router::default());
+    let agents = Agents::new(store, router.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    (router, agents, runtime)
+}
+
+async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {
+    within(async {
+        loop {
+            match life.recv().await {
+                Some(Lifecycle::End { info, .. }) if info.child == child => return,
+                Some(_) => {}
+                None => panic!("the lifecycle stream ended"),
+            }
+        }
+    })
+    .await;
+}
+
+/// Starts a continuable child with `options` (its model is `worker`), lets it settle, restarts
+/// the host, sends the child a follow-up and returns the child's model requests: the one before
+/// the restart and the one after it.
+async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, ModelRequest) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.lineage");
+    let (parent_id, child_id, before) = {
+        let (router, agents, runtime) = reopen(&path);
+        runtime
+            .register_provider(Arc::new(SpawnProvider::new()))
+            .unwrap();
+        router.model("worker").push([Response::text("first")]);
+        router.model(PARENT).push([Response::text("ok")]);
+        let parent = agents
+            .create(CreateAgent::fresh(parent_spec(Vec::new())))
+            .await
+            .unwrap();
+        let (_, mut life) = listen(&runtime);
+        let request = ContinuableRequest {
+            agent_options: options,
+            ..ContinuableRequest::new(parent.clone(), "worker job", "do it")
+        };
+        let started = runtime.start_continuable("spawn", request).await.unwrap();
+        ended(&mut life, started.child).await;
+        within(parent.when_idle()).await;
+        runtime.drain().await.unwrap();
+        agents.dispose_all().await;
+        let before = router.model("worker").requests().remove(0);
+        (parent.id(), started.child, before)
+    };
+    let (router, agents, runtime) = reopen(&path);
+    router.model("worker").push([Response::text("second")]);
+    router.model(PARENT).push([Response::text("ok")]);
+    let parent = agents
+        .resume(parent_id, parent_spec(Vec::new()))
+        .await
+        .unwrap();
+    let (_, mut life) = listen(&runtime);
+    runtime
+        .followup(
+            &parent,
+            child_id,
+            vec![ContentBlock::text("again")],
+            MessageSource::Coordinator { sender: parent_id },
+            &Cancellation::new(),
+        )
+        .await
+        .unwrap();
+    within(router.model("worker").wait_for_requests(1)).await;
+    let after = router.model("worker").requests().remove(0);
+    ended(&mut life, child_id).await;
+    runtime.drain().await.unwrap();
+    agents.dispose_all().await;
+    (before, after)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_given_a_token_limit_keeps_it_and_its_provider_after_a_cold_resume() {
+    let (before, after) = requests_across_a_restart(ChildOptions {
+        provider: Some("other".into()),
+        model: Some("worker".into()),
+        max_tokens: Some(77),
+    })
+    .await;
+    assert_eq!(before.max_tokens, Some(77));
+    assert_eq!(before.provider.as_str(), "other");
+    assert_eq!(
+        after.max_tokens,
+        Some(77),
+        "the resumed request keeps the limit"
+    );
+    assert_eq!(after.provider.as_str(), "other");
+    assert_eq!(after.model.as_str(), "worker");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_that_inherited_its_parents_token_limit_keeps_it_after_a_cold_resume() {
+    let (before, after) = requests_across_a_restart(ChildOptions {
+        model: Some("worker".into()),
+        ..ChildOptions::default()
+    })
+    .await;
+    let parent = parent_options();
+    assert_eq!(before.max_tokens, parent.max_tokens);
+    assert_eq!(
+        after.max_tokens, parent.max_tokens,
+        "the resumed request keeps the inherited limit"
+    );
+    assert_eq!(Some(after.provider.as_str()), parent.provider.as_deref());
+    assert_eq!(after.model.as_str(), "worker");
+}

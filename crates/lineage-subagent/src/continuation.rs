@@ -33,6 +33,7 @@ use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
     Role, RunId, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason, fold_descriptor,
 };
+use lineage_store::Loaded;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use crate::birth::{self, ChildPlan};
@@ -40,7 +41,8 @@ use crate::driver::cancelled_before_publication;
 use crate::lifecycle::{Lifecycle, RunInfo};
 use crate::setup::Installed;
 use crate::{
-    ChildOptions, ContinuableCreate, ErrorCode, StopReason, SubagentError, SubagentRuntime, lock,
+    CancelledBy, ChildOptions, ContinuableCreate, ErrorCode, StopReason, SubagentError,
+    SubagentRuntime, lock,
 };
 
 type Disposal = watch::Receiver<Option<Result<(), SubagentError>>>;
@@ -791,7 +793,10 @@ impl SubagentRuntime {
     /// Delivers `content` to `child` as its next turn, on behalf of its exact live parent
     /// `parent`. A running child queues it in the same activation; a waiting one is woken in the
     /// same activation; a child that is not resident is resumed from its log first. Resolves
-    /// once the child's inbox has accepted it; `cancel` covers only the work before that.
+    /// once the child's inbox has accepted it; `cancel` covers only the work before that: when it
+    /// fires first, at any step of a cold resume included, the follow-up is refused
+    /// (`CANCELLED`) with the cancellation's cause ([`SubagentError::cancel_cause`]) and nothing
+    /// reaches the child.
     pub async fn followup(
         &self,
         parent: &Arc<Agent>,
@@ -801,25 +806,22 @@ impl SubagentRuntime {
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
         self.assert_admitting(parent)?;
-        let not_accepted = || {
-            SubagentError::new(
-                ErrorCode::Cancelled,
-                format!("the message to subagent {child} was cancelled before it was accepted"),
-            )
-        };
+        let not_accepted = || followup_cancelled(child, cancel);
         loop {
             {
                 // The caller's cancellation ends the wait for the child's lock and for a
                 // teardown in progress: nothing has been accepted yet.
                 let _guard = tokio::select! {
-                    guard = self.child_lock(child) => guard,
+                    biased;
                     _ = cancel.cancelled() => return Err(not_accepted()),
+                    guard = self.child_lock(child) => guard,
                 };
                 match self.activation(child) {
                     None => {
-                        return self
+                        let resumed = self
                             .cold_resume(parent, child, content, source, cancel)
                             .await;
+                        return as_followup(resumed, child, cancel);
                     }
                     Some(activation) => {
                         let disposal = lock(&activation.st).disposal.clone();
@@ -827,18 +829,20 @@ impl SubagentRuntime {
                             // Lost the race with the final teardown: wait for it, then resume.
                             Some(disposal) => {
                                 tokio::select! {
-                                    _ = wait(disposal) => {}
+                                    biased;
                                     _ = cancel.cancelled() => return Err(not_accepted()),
+                                    _ = wait(disposal) => {}
                                 }
                             }
                             None => {
-                                return self.submit_admitted(
+                                let submitted = self.submit_admitted(
                                     &activation,
                                     content,
                                     source,
                                     parent,
                                     cancel,
                                 );
+                                return as_followup(submitted, child, cancel);
                             }
                         }
                     }
@@ -863,10 +867,36 @@ impl SubagentRuntime {
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
         let store = self.agents().store().clone();
-        let inspected = tokio::task::spawn_blocking(move || store.inspect(child))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        self.cold_resume_from(parent, child, content, source, cancel, move || {
+            store.inspect(child).map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    /// [`Self::cold_resume`] with the store inspection `inspect`, run on a blocking thread. The
+    /// caller's cancellation is honoured before the inspection starts, while it runs (the
+    /// resume does not wait for it) and once it returns.
+    async fn cold_resume_from(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+        inspect: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(followup_cancelled(child, cancel));
+        }
+        let read = tokio::task::spawn_blocking(inspect);
+        let inspected = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(followup_cancelled(child, cancel)),
+            done = read => done.map_err(|e| e.to_string()).and_then(|r| r),
+        };
+        if cancel.is_cancelled() {
+            return Err(followup_cancelled(child, cancel));
+        }
         let unavailable = |reason: String| {
             SubagentError::new(
                 ErrorCode::NotResumable,
@@ -874,9 +904,6 @@ impl SubagentRuntime {
             )
         };
         let loaded = inspected.map_err(unavailable)?;
-        if cancel.is_cancelled() {
-            return Err(cancelled_before_publication(parent.id()));
-        }
         self.assert_admitting(parent)?;
         self.authorize_lineage(parent, child, loaded.header.parent)?;
         let descriptor = match fold_descriptor(&loaded.events) {
@@ -1562,6 +1589,38 @@ pub(crate) fn bound_summary(summary: &str) -> String {
     cut
 }
 
+/// The refusal of a follow-up to `child` that `cancel` stopped before the child accepted it,
+/// carrying the cancellation's cause.
+fn followup_cancelled(child: SessionId, cancel: &Cancellation) -> SubagentError {
+    let by = cancel.cause().map(|cause| CancelledBy { cause });
+    let how = by
+        .as_ref()
+        .map_or_else(|| "cancelled".to_owned(), ToString::to_string);
+    let error = SubagentError::new(
+        ErrorCode::Cancelled,
+        format!("the follow-up to subagent {child} was {how} before the child accepted it"),
+    );
+    match by {
+        Some(by) => error.with_source(by),
+        None => error,
+    }
+}
+
+/// A follow-up's outcome: a refusal that the caller's cancellation caused (whichever step
+/// noticed it) is reported as the follow-up's cancellation, with its cause.
+fn as_followup(
+    outcome: Result<MessageId, SubagentError>,
+    child: SessionId,
+    cancel: &Cancellation,
+) -> Result<MessageId, SubagentError> {
+    match outcome {
+        Err(error) if error.code() == ErrorCode::Cancelled && cancel.is_cancelled() => {
+            Err(followup_cancelled(child, cancel))
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1588,5 +1647,97 @@ mod tests {
         }
         let other = settlement_summary(child, &StopReason::Other(long.as_str().into()));
         assert!(other.ends_with("…) before it finished."), "{other}");
+    }
+}
+
+#[cfg(test)]
+mod cold_resume_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use lineage_agent::{AgentSpec, Agents, CreateAgent, ScriptedModel};
+    use lineage_store::Store;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_inspection_of_a_cold_resume_honours_the_cancellation_around_and_during_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = Store::open(dir.path().join("agents.lineage")).expect("the store opens");
+        let agents = Agents::new(store, ScriptedModel::new([]));
+        let runtime = SubagentRuntime::new(agents.clone());
+        let parent = agents
+            .create(CreateAgent::fresh(AgentSpec::default()))
+            .await
+            .expect("the parent is created");
+        let child = SessionId::new();
+        let resume =
+            |cancel: Cancellation, inspect: Box<dyn FnOnce() -> Result<Loaded, String> + Send>| {
+                let (runtime, parent) = (runtime.clone(), parent.clone());
+                async move {
+                    let content = vec![ContentBlock::text("again")];
+                    let source = MessageSource::Coordinator {
+                        sender: parent.id(),
+                    };
+                    runtime
+                        .cold_resume_from(&parent, child, content, source, &cancel, inspect)
+                        .await
+                }
+            };
+        let expect_cancelled = |outcome: Result<MessageId, SubagentError>, cause: AbortCause| {
+            let error = outcome.expect_err("a cancelled resume is refused");
+            assert_eq!(error.code(), ErrorCode::Cancelled, "{error}");
+            assert_eq!(error.cancel_cause(), Some(&cause), "{error}");
+            assert!(error.to_string().contains("follow-up"), "{error}");
+        };
+
+        // Cancelled before: the store is not read.
+        let reads = Arc::new(AtomicUsize::new(0));
+        let cancel = Cancellation::new();
+        cancel.cancel(AbortCause::Parent);
+        let counted = reads.clone();
+        let outcome = resume(
+            cancel,
+            Box::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Err("unread".into())
+            }),
+        )
+        .await;
+        expect_cancelled(outcome, AbortCause::Parent);
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+
+        // Cancelled during a read that then fails: the cancellation, not the read, is reported.
+        let cancel = Cancellation::new();
+        let fire = cancel.clone();
+        let outcome = resume(
+            cancel,
+            Box::new(move || {
+                fire.cancel(AbortCause::User);
+                Err("the session is not stored".into())
+            }),
+        )
+        .await;
+        expect_cancelled(outcome, AbortCause::User);
+
+        // Cancelled while the read is held up: the resume does not wait for it.
+        let cancel = Cancellation::new();
+        let fire = cancel.clone();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let resuming = resume(
+            cancel,
+            Box::new(move || {
+                fire.cancel(AbortCause::Disposed);
+                let _ = held.recv();
+                Err("released".into())
+            }),
+        );
+        // Only a resume that waits for the held read runs into this bound.
+        let bound = std::time::Duration::from_secs(10);
+        let Ok(outcome) = tokio::time::timeout(bound, resuming).await else {
+            let _ = release.send(());
+            panic!("the resume waited for a read its cancellation had overtaken");
+        };
+        expect_cancelled(outcome, AbortCause::Disposed);
+        release.send(()).expect("the held read is released");
     }
 }

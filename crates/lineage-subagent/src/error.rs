@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lineage_agent::AgentError;
-use lineage_log::SessionId;
+use lineage_log::{AbortCause, SessionId};
 
 /// What went wrong, for programs. The string form ([`ErrorCode::as_str`]) is stable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,6 +107,15 @@ impl SubagentError {
         &self.message
     }
 
+    /// The cause of the caller's cancellation, when that is what stopped the operation (an
+    /// [`ErrorCode::Cancelled`] error that says who cancelled).
+    pub fn cancel_cause(&self) -> Option<&AbortCause> {
+        self.source
+            .as_deref()?
+            .downcast_ref::<CancelledBy>()
+            .map(|c| &c.cause)
+    }
+
     /// The attempted and allowed depths, when the error is [`ErrorCode::DepthExceeded`].
     pub fn depth_exceeded(&self) -> Option<&DepthExceeded> {
         self.source.as_deref()?.downcast_ref()
@@ -139,6 +148,25 @@ impl fmt::Display for SubagentError {
 impl Error for SubagentError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// Who cancelled an operation: the source of an [`ErrorCode::Cancelled`] error raised by the
+/// caller's cancellation (see [`SubagentError::cancel_cause`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cancelled {}", describe_cause(.cause))]
+pub struct CancelledBy {
+    /// The cause the cancellation fired with.
+    pub cause: AbortCause,
+}
+
+/// Who cancelled, as the end of "cancelled …".
+pub(crate) fn describe_cause(cause: &AbortCause) -> String {
+    match cause {
+        AbortCause::User => "by the user".to_owned(),
+        AbortCause::Parent => "by the delegating parent".to_owned(),
+        AbortCause::Hook { reason } => format!("by a hook ({reason})"),
+        AbortCause::Disposed => "because the agent was disposed".to_owned(),
     }
 }
 

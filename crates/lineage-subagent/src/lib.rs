@@ -35,7 +35,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
 pub use continuation::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
 pub use driver::start_in_process;
-pub use error::{DepthExceeded, ErrorCode, SubagentError};
+pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
 pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
 pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
 pub use provider::{

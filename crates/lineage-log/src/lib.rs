@@ -47,8 +47,9 @@ pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use json::check_strict_json;
 pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};
 pub use rules::{
-    Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append, check_seed,
-    check_shape, completed_turn_prefix, interrupted_turn_closers, is_balanced, last_turn_marker,
+    Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append,
+    check_append_before_descriptor_contract, check_descriptor, check_seed, check_shape,
+    completed_turn_prefix, interrupted_turn_closers, is_balanced, last_turn_marker,
     resolve_fork_boundary,
 };
 pub use text::Text;

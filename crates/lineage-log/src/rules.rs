@@ -4,8 +4,9 @@
 use crate::json::check_strict_json;
 use crate::message::MAX_NESTING;
 use crate::{
-    CallId, ContentBlock, Event, EventBody, EventKind, LogError, Message, MessageId, MessageSource,
-    Role, StepEnd, StepNo, Text, ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo,
+    CallId, ContentBlock, DescriptorMode, Event, EventBody, EventKind, LogError, Message,
+    MessageId, MessageSource, Role, StepEnd, StepNo, SubagentDescriptor, Text, ToolError,
+    ToolResult, TurnEnd, TurnEndReason, TurnNo,
 };
 
 /// The error code of a synthetic result for a call the model asked for but that never started.
@@ -21,8 +22,9 @@ const OUTCOME_UNKNOWN_TEXT: &str = "This tool call was recorded as started, but 
      Never retry it blindly.";
 
 /// Checks the rules one event must satisfy on its own: message roles and sources, the single
-/// tool-result block of a `tool/result`, that `session/lineage` sits at `seq == seed_len`, and
-/// that a `custom` event names its type and carries strict JSON.
+/// tool-result block of a `tool/result`, that `session/lineage` sits at `seq == seed_len`, that a
+/// `subagent/descriptor` keeps the descriptor contract ([`check_descriptor`]), and that a `custom`
+/// event names its type and carries strict JSON.
 pub fn check_shape(event: &Event) -> Result<(), String> {
     fn user(message: &Message, what: &str) -> Result<(), String> {
         if message.role != Role::User {
@@ -77,6 +79,7 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
             "session/lineage must sit at seq == seed_len, but seed_len is {}",
             lineage.seed_len
         )),
+        EventBody::SubagentDescriptor(descriptor) => check_descriptor(descriptor),
         EventBody::Custom(custom) if custom.type_name.is_empty() => {
             Err("custom event must name its type".into())
         }
@@ -93,6 +96,46 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
                 "an opaque record cannot carry tag {}, which is reserved or known",
                 opaque.tag
             ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks the descriptor contract: the version is the one this build supports
+/// ([`SubagentDescriptor::VERSION`]); a continuable descriptor has a label; a one-shot descriptor
+/// carries none of the continuable-only fields (agent provider, agent model, persona, tool
+/// filter); a tool filter declares `allow`, `deny` or both. The error names the offending field.
+pub fn check_descriptor(descriptor: &SubagentDescriptor) -> Result<(), String> {
+    if descriptor.version != SubagentDescriptor::VERSION {
+        return Err(format!(
+            "subagent descriptor field version is {}, but only version {} is supported",
+            descriptor.version,
+            SubagentDescriptor::VERSION
+        ));
+    }
+    match descriptor.mode {
+        DescriptorMode::Continuable if descriptor.label.is_none() => {
+            return Err("a continuable subagent descriptor must have a label".into());
+        }
+        DescriptorMode::Continuable => {}
+        DescriptorMode::OneShot => {
+            let continuable_only = [
+                ("agent_provider", descriptor.agent_provider.is_some()),
+                ("agent_model", descriptor.agent_model.is_some()),
+                ("persona", descriptor.persona.is_some()),
+                ("tool_filter", descriptor.tool_filter.is_some()),
+            ];
+            if let Some((field, _)) = continuable_only.iter().find(|(_, present)| *present) {
+                return Err(format!(
+                    "a one-shot subagent descriptor cannot carry {field}, which only a \
+                     continuable one has"
+                ));
+            }
+        }
+    }
+    match &descriptor.tool_filter {
+        Some(filter) if filter.allow.is_none() && filter.deny.is_none() => {
+            Err("the tool_filter of a subagent descriptor must declare allow, deny or both".into())
         }
         _ => Ok(()),
     }
@@ -195,12 +238,20 @@ impl Structure {
     /// Admits `event`: checks its seq, its shape and its place in the structure, then folds it in.
     /// On error nothing changes.
     pub fn admit(&mut self, event: &Event) -> Result<(), LogError> {
+        self.admit_with(event, Contract::Current)
+    }
+
+    fn admit_with(&mut self, event: &Event, contract: Contract) -> Result<(), LogError> {
         let invalid = |reason: String| LogError::InvalidEvent {
             seq: event.seq,
             kind: event.kind(),
             reason,
         };
-        check_shape(event).map_err(invalid)?;
+        match (&event.body, contract) {
+            (EventBody::SubagentDescriptor(_), Contract::BeforeDescriptors) => Ok(()),
+            _ => check_shape(event),
+        }
+        .map_err(invalid)?;
         self.check_place(event).map_err(invalid)?;
         self.apply(event);
         Ok(())
@@ -332,6 +383,34 @@ fn tool_result_call_id(result: &ToolResult) -> &CallId {
 /// continues at the next seq, contiguously, and every event is valid where it lands. Returns the
 /// structure after the batch; on error `structure` is unchanged.
 pub fn check_append(structure: &Structure, batch: &[Event]) -> Result<Structure, LogError> {
+    check_append_with(structure, batch, Contract::Current)
+}
+
+/// Which rules an append keeps.
+#[derive(Clone, Copy)]
+enum Contract {
+    /// Every rule of this build.
+    Current,
+    /// Every rule but the descriptor contract, as builds before it had.
+    BeforeDescriptors,
+}
+
+/// [`check_append`] as a build before the descriptor contract ran it: a `subagent/descriptor`
+/// of any version and shape is admitted. It exists so tests can write the logs such builds left
+/// behind; it is not part of the stable API.
+#[doc(hidden)]
+pub fn check_append_before_descriptor_contract(
+    structure: &Structure,
+    batch: &[Event],
+) -> Result<Structure, LogError> {
+    check_append_with(structure, batch, Contract::BeforeDescriptors)
+}
+
+fn check_append_with(
+    structure: &Structure,
+    batch: &[Event],
+    contract: Contract,
+) -> Result<Structure, LogError> {
     let mut next = structure.clone();
     for (index, event) in batch.iter().enumerate() {
         if event.seq != next.next_seq {
@@ -341,7 +420,7 @@ pub fn check_append(structure: &Structure, batch: &[Event]) -> Result<Structure,
                 got: event.seq,
             });
         }
-        next.admit(event)?;
+        next.admit_with(event, contract)?;
     }
     Ok(next)
 }

@@ -456,11 +456,13 @@ impl Machine {
                         DescriptorMode::OneShot
                     },
                     provider: Text::from(if rng.percent(50) { "spawn" } else { "fork" }),
-                    label: rng.percent(70).then(|| Text::from(word(rng))),
+                    // A continuable descriptor always has a label; only it has the rest.
+                    label: (continuable || rng.percent(70)).then(|| Text::from(word(rng))),
                     agent_provider: continuable.then(|| Text::from(ev::PROVIDER)),
                     agent_model: continuable.then(|| Text::from(ev::MODEL)),
-                    persona: rng.percent(30).then(|| Text::from(sentence(rng, 40))),
-                    tool_filter: rng.percent(30).then(|| ToolFilter {
+                    persona: (continuable && rng.percent(30))
+                        .then(|| Text::from(sentence(rng, 40))),
+                    tool_filter: (continuable && rng.percent(30)).then(|| ToolFilter {
                         allow: Some(vec![Text::from("read_file"), Text::from("grep")]),
                         deny: None,
                     }),

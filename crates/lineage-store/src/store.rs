@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lineage_log::{
     Digest, Encoder, Event, EventBody, EventKind, Header, LogError, SessionId, Structure,
-    check_append, check_seed, interrupted_turn_closers,
+    check_append, check_append_before_descriptor_contract, check_seed, interrupted_turn_closers,
 };
 use redb::{
     ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable,
@@ -627,6 +627,28 @@ impl Store {
     /// at the session's next seq, contiguously, and keep the log's rules; otherwise it is refused
     /// whole and nothing changes. An empty batch is a no-op.
     pub fn admit(&self, session: SessionId, events: &[Event]) -> Result<()> {
+        self.admit_with(session, events, check_append)
+    }
+
+    /// [`Store::append`] as a build before the descriptor contract ran it: a
+    /// `subagent/descriptor` of any version and shape is written. It exists so tests can make the
+    /// stores such builds left behind; it is not part of the stable API.
+    #[doc(hidden)]
+    pub fn append_before_descriptor_contract(
+        &self,
+        session: SessionId,
+        events: &[Event],
+    ) -> Result<()> {
+        self.admit_with(session, events, check_append_before_descriptor_contract)?;
+        self.flush(session)
+    }
+
+    fn admit_with(
+        &self,
+        session: SessionId,
+        events: &[Event],
+        check: fn(&Structure, &[Event]) -> std::result::Result<Structure, LogError>,
+    ) -> Result<()> {
         self.writable()?;
         if events.is_empty() {
             return Ok(());
@@ -646,8 +668,7 @@ impl Store {
                     .ok_or(StoreError::UnknownSession { session })?;
                 tail.structure.clone()
             };
-            let after =
-                check_append(&before, events).map_err(|e| StoreError::from_log(session, e))?;
+            let after = check(&before, events).map_err(|e| StoreError::from_log(session, e))?;
             let mut records = Vec::with_capacity(events.len() * 48);
             let mut ends = Vec::with_capacity(events.len());
             let mut encoder = Encoder::new();

@@ -35,7 +35,8 @@ pub struct ChildRow {
 /// Why a child could not be listed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DiagnosticReason {
-    /// Its log does not say what it is (no descriptor, or one that disagrees with its header).
+    /// Its log does not say what it is (no descriptor, one that breaks the descriptor contract,
+    /// or a lineage that disagrees with its header).
     Corrupt,
     /// Its log could not be read.
     Unavailable,
@@ -364,6 +365,13 @@ fn row(
     has_children: bool,
 ) -> ListingRow {
     match descriptor {
+        Some(d) if let Err(problem) = lineage_log::check_descriptor(&d) => diagnostic(
+            id,
+            parent,
+            depth,
+            DiagnosticReason::Corrupt,
+            format!("its subagent descriptor breaks the descriptor contract: {problem}"),
+        ),
         Some(d) => ListingRow::Child(ChildRow {
             id,
             parent,

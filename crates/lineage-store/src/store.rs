@@ -932,8 +932,9 @@ pub(crate) fn contained<T>(operation: impl FnOnce() -> T) -> std::result::Result
 }
 
 /// Keeps the header a cache of the log: the session's own `session/lineage` (at or after the
-/// header's `seed_len`) must say what the header says, and a `subagent/descriptor` in the own
-/// suffix makes the session's origin `Subagent`. Returns the origin after `events`.
+/// header's `seed_len`) must say what the header says, a header naming a parent must find its
+/// `session/lineage` at `seed_len`, and a `subagent/descriptor` in the own suffix makes the
+/// session's origin `Subagent`. Returns the origin after `events`.
 fn header_facts(
     header: &Header,
     events: &[Event],
@@ -959,6 +960,21 @@ fn header_facts(
             }
             EventBody::SubagentDescriptor(_) if event.seq >= header.seed_len => {
                 origin = Some(lineage_log::Origin::Subagent);
+            }
+            // A header that names a parent says where the session's own `session/lineage` sits.
+            EventBody::SessionLineage(_) => {}
+            _ if header.parent.is_some() && event.seq == header.seed_len => {
+                return Err(LogError::InvalidEvent {
+                    seq: event.seq,
+                    kind: event.kind(),
+                    reason: format!(
+                        "the session's header names parent {} with seed length {}, so the event \
+                         at seq {} must be its session/lineage",
+                        header.parent.unwrap_or_default(),
+                        header.seed_len,
+                        event.seq
+                    ),
+                });
             }
             _ => {}
         }

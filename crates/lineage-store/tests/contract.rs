@@ -1584,3 +1584,34 @@ fn import_refuses_a_header_its_log_contradicts_and_writes_nothing() {
             .unwrap_or_else(|e| panic!("{field}: the agreeing header is refused: {e}"));
     }
 }
+
+#[test]
+fn a_created_header_naming_a_parent_needs_its_lineage_where_it_says() {
+    let store = mem_store();
+    let (id, plain) = fresh();
+    let header = lineage_log::Header {
+        parent: Some(SessionId::new()),
+        delegation_depth: 1,
+        seed_digest: Some(lineage_log::Digest::of_empty()),
+        ..plain
+    };
+    store.create(header.clone()).unwrap();
+    match store.append(id, &completed_turn(1, 0, "no lineage")) {
+        Err(StoreError::Rejected {
+            session,
+            source: LogError::InvalidEvent { seq: 0, reason, .. },
+        }) => {
+            assert_eq!(session, id);
+            assert!(reason.contains("session/lineage"), "{reason}");
+        }
+        other => panic!("expected the event at seq 0 refused, got {other:?}"),
+    }
+    let lineage = lineage_log::SessionLineage {
+        parent: header.parent.unwrap(),
+        seed_len: 0,
+        seed_digest: lineage_log::Digest::of_empty(),
+        delegation_depth: 1,
+    };
+    store.append(id, &[Event::new(0, 0, lineage)]).unwrap();
+    assert_eq!(store.info(id).unwrap().header.parent, header.parent);
+}

@@ -59,14 +59,14 @@ pub fn is_engine_file(file: &str) -> bool {
 pub fn contain_engine_panics() {
     let abort = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
-        let in_engine = info.location().is_some_and(|l| is_engine_file(l.file()));
+        let nested = info
+            .to_string()
+            .contains("panic in a destructor during cleanup");
+        let in_engine = !nested && raised_in_engine(info);
         if in_engine {
             ENGINE_PANICS.fetch_add(1, Ordering::Relaxed);
             UNWINDING_FROM_ENGINE.with(|u| *u.borrow_mut() = Some(info.to_string()));
-        } else if let Some(first) = UNWINDING_FROM_ENGINE.with(|u| u.borrow_mut().take())
-            && info
-                .to_string()
-                .contains("panic in a destructor during cleanup")
+        } else if nested && let Some(first) = UNWINDING_FROM_ENGINE.with(|u| u.borrow_mut().take())
         {
             // The process aborts now, whatever this hook does: say which defect it is.
             eprintln!(
@@ -86,6 +86,46 @@ pub fn contain_engine_panics() {
         }
         abort(info);
     }));
+}
+
+/// Whether the storage engine raised the panic: it was raised in the engine's source, or in the
+/// standard library (a slice index, an `unwrap` of a poisoned lock) called from the engine, which
+/// the innermost source file of the backtrace outside the standard library and this hook tells
+/// (frames inlined into the engine carry their own file, so files, not symbols, decide).
+fn raised_in_engine(info: &PanicHookInfo<'_>) -> bool {
+    let Some(location) = info.location() else {
+        return false;
+    };
+    if is_engine_file(location.file()) {
+        return true;
+    }
+    if !is_std_file(location.file()) {
+        return false;
+    }
+    let backtrace = std::backtrace::Backtrace::force_capture().to_string();
+    innermost_caller(&backtrace).is_some_and(is_engine_file)
+}
+
+/// Whether `file` is in the standard library's source (`/rustc/<hash>/library/...`).
+fn is_std_file(file: &str) -> bool {
+    file.contains("/rustc/") || file.starts_with("library/")
+}
+
+/// The innermost source file of a rendered backtrace that is neither the standard library's nor
+/// this module's.
+fn innermost_caller(backtrace: &str) -> Option<&str> {
+    backtrace
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("at "))
+        .map(|at| at.trim())
+        .find(|file| !is_std_file(file) && !in_this_module(file))
+}
+
+/// Whether a backtrace's `file:line:column` is in this module.
+fn in_this_module(file: &str) -> bool {
+    file.split(':')
+        .next()
+        .is_some_and(|path| path.ends_with("src/panics.rs"))
 }
 
 /// Whether this is the store's writer thread (named so by `lineage_store`): the one thread of
@@ -156,6 +196,28 @@ pub fn contained<R>(what: &str, f: impl FnOnce() -> R) -> (R, usize) {
 #[cfg(test)]
 mod tests {
     use super::is_engine_file;
+
+    #[test]
+    fn a_standard_library_panic_belongs_to_its_innermost_caller() {
+        let from_engine = "   0: std::backtrace::Backtrace::force_capture
+             at /rustc/abc/library/std/src/backtrace.rs:1:1
+   1: lineage_fuzz::panics::raised_in_engine
+             at /work/main/fuzz/src/panics.rs:70:5
+   2: core::slice::index::slice_index_fail
+             at /rustc/abc/library/core/src/slice/index.rs:912:5
+   3: remove
+             at /root/.cargo/registry/src/x/redb-4.6.0/src/tree_store/btree_base.rs:313:29
+   4: lineage_store::writer::commit
+             at /work/main/crates/lineage-store/src/writer.rs:300:9";
+        let caller = super::innermost_caller(from_engine).unwrap();
+        assert!(super::is_engine_file(caller), "{caller}");
+        let from_lineage = "   0: core::panicking::panic_bounds_check
+             at /rustc/abc/library/core/src/panicking.rs:1:1
+   1: lineage_store::layout::Block::parse
+             at /work/main/crates/lineage-store/src/layout.rs:90:1";
+        let caller = super::innermost_caller(from_lineage).unwrap();
+        assert!(!super::is_engine_file(caller), "{caller}");
+    }
 
     #[test]
     fn engine_files_are_told_from_others() {

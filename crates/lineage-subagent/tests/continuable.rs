@@ -9,12 +9,11 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use lineage_agent::{AgentEvent, AgentStatus, Agents, Cancellation, Gate, Response};
+use lineage_agent::{AgentEvent, AgentStatus, Cancellation, Gate, Response};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, EventBody, MessageSource, PolicySource, SandboxMode,
     SessionId, TurnEndReason, fold_descriptor, fold_policy,
 };
-use lineage_store::Store;
 use lineage_subagent::tools::ReportSetup;
 use lineage_subagent::{
     Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, SpawnProvider,
@@ -660,15 +659,6 @@ async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_ar
         .drain_children(&parent, &[started.child])
         .await
         .unwrap();
-}
-
-/// A runtime over the store file at `path`, as a new process would build it: no provider.
-fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
-    let store = Store::open(path).expect("the store reopens");
-    let router = Arc::new(Router::default());
-    let agents = Agents::new(store, router.clone());
-    let runtime = SubagentRuntime::new(agents.clone());
-    (router, agents, runtime)
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,7 +14,6 @@ use lineage_agent::{
     Agents, BoxFuture, Cancellation, HookError, Hooks, PreStep, PreStepDecision, Response,
 };
 use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
-use lineage_store::Store;
 use lineage_subagent::{
     ContinuableRequest, ContinuableSetup, Installed, Lifecycle, SpawnProvider, StopReason,
     SubagentRuntime,
@@ -57,10 +56,7 @@ fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
 
 /// A host over the store at `path` with spawn registered and no contribution.
 fn bare_host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
-    let store = Store::open(path).expect("the store opens");
-    let router = Arc::new(Router::default());
-    let agents = Agents::new(store, router.clone());
-    let runtime = SubagentRuntime::new(agents.clone());
+    let (router, agents, runtime) = reopen(path);
     runtime
         .register_provider(Arc::new(SpawnProvider::new()))
         .unwrap();

@@ -9,22 +9,10 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use lineage_agent::{Agents, Cancellation, CreateAgent, ModelRequest, Response};
+use lineage_agent::{Cancellation, CreateAgent, ModelRequest, Response};
 use lineage_log::{ContentBlock, MessageSource, SessionId};
-use lineage_store::Store;
-use lineage_subagent::{
-    ChildOptions, ContinuableRequest, Lifecycle, SpawnProvider, SubagentRuntime,
-};
+use lineage_subagent::{ChildOptions, ContinuableRequest, Lifecycle, SpawnProvider};
 use tokio::sync::mpsc::UnboundedReceiver;
-
-/// A runtime over the store file at `path`, as a new process builds it.
-fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
-    let store = Store::open(path).expect("the store reopens");
-    let router = Arc::new(Router::default());
-    let agents = Agents::new(store, router.clone());
-    let runtime = SubagentRuntime::new(agents.clone());
-    (router, agents, runtime)
-}
 
 async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {
     within(async {

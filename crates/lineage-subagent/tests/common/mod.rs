@@ -175,6 +175,16 @@ impl Harness {
     }
 }
 
+/// A registry and runtime over the store file at `path`, as a new process builds them: no
+/// provider registered.
+pub fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
+    let store = Store::open(path).expect("the store reopens");
+    let router = Arc::new(Router::default());
+    let agents = Agents::new(store, router.clone());
+    let runtime = SubagentRuntime::new(agents.clone());
+    (router, agents, runtime)
+}
+
 /// What is stored and what is live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Footprint {

@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         role: Role::Assistant,
         content: vec![ContentBlock::text("Event sourcing: the log is the truth.")],
         source: MessageSource::Model {
-            provider: "scripted".into(),
+            endpoint: "scripted".into(),
             model: "demo-1".into(),
         },
     };

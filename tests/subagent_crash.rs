@@ -50,7 +50,7 @@ impl Model for ByModel {
 fn lead_spec() -> AgentSpec {
     AgentSpec {
         options: AgentOptions {
-            provider: Some("scripted".into()),
+            endpoint: Some("scripted".into()),
             model: Some("lead".into()),
             max_tokens: Some(512),
             subagent_depth: 0,
@@ -194,7 +194,7 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
     assert_eq!(asked, ["index the archive", "how far did you get?"]);
     let descriptor = fold_descriptor(&events).expect("the descriptor survives");
     assert_eq!(descriptor.label.as_deref(), Some("long job"));
-    assert_eq!(descriptor.agent_model.as_deref(), Some("worker"));
+    assert_eq!(descriptor.model.as_deref(), Some("worker"));
     let pinned = events
         .iter()
         .filter(|e| matches!(e.body, EventBody::ApprovalPolicy(_)))

@@ -336,12 +336,12 @@ fn aimed_body(u: &mut Unstructured<'_>, log: &Accepted) -> Result<EventBody> {
             let (turn, step) = (turn(u, log)?, step(u, log)?);
             let source = if u.ratio(1, 16)? {
                 MessageSource::Model {
-                    provider: Text::default(),
+                    endpoint: Text::default(),
                     model: text(u)?,
                 }
             } else {
                 MessageSource::Model {
-                    provider: Text::from_static("scripted"),
+                    endpoint: Text::from_static("scripted"),
                     model: text(u)?,
                 }
             };

@@ -60,7 +60,7 @@ fn interrupted_turn(events: &[Event]) -> Vec<Event> {
                     role: Role::Assistant,
                     content: vec![asked("call-a"), asked("call-b")],
                     source: MessageSource::Model {
-                        provider: Text::from_static("scripted"),
+                        endpoint: Text::from_static("scripted"),
                         model: Text::from_static("seed"),
                     },
                 },

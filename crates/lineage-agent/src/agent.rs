@@ -30,8 +30,8 @@ pub type FlushFault = Box<dyn Fn() -> StoreError + Send + Sync>;
 /// An agent's model options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentOptions {
-    /// The model provider the agent's requests name.
-    pub provider: Option<Text>,
+    /// The model endpoint the agent's requests name.
+    pub endpoint: Option<Text>,
     /// The model the agent's requests name.
     pub model: Option<Text>,
     /// The most output tokens per request: a positive number, when set.

@@ -43,8 +43,9 @@ pub struct ModelRequest {
     pub turn: TurnNo,
     /// See `turn`.
     pub step: StepNo,
-    /// The model provider (the agent's option).
-    pub provider: Text,
+    /// The model endpoint the request names (the agent's option): which configured model service
+    /// answers it.
+    pub endpoint: Text,
     /// The model (the agent's option).
     pub model: Text,
     /// The most output tokens, when the agent sets a cap.
@@ -59,7 +60,7 @@ pub struct ModelRequest {
     pub cancel: Cancellation,
 }
 
-/// A streaming model. Implementations route on `request.provider` and `request.model` as they
+/// A streaming model. Implementations route on `request.endpoint` and `request.model` as they
 /// see fit; [`crate::ScriptedModel`] is a deterministic one for tests and demos.
 pub trait Model: Send + Sync + 'static {
     /// Starts a request and returns its chunk stream. Dropping the stream abandons the request.
@@ -82,7 +83,7 @@ impl ModelStream {
     pub(crate) fn start(model: &dyn Model, request: ModelRequest) -> Self {
         let subject = format!(
             "agent {}: model {}/{} (turn {} step {})",
-            request.session, request.provider, request.model, request.turn, request.step
+            request.session, request.endpoint, request.model, request.turn, request.step
         );
         match contain::call(|| model.stream(request)) {
             Ok(stream) => ModelStream {

@@ -23,7 +23,7 @@ use crate::{
     PreStepDecision, Tool, ToolContext, ToolOutput, Toolset,
 };
 
-/// The error code of a turn whose agent names no model provider or model.
+/// The error code of a turn whose agent names no model endpoint or model.
 pub const NO_MODEL: &str = "NO_MODEL";
 /// The error code of a turn that could not write its log.
 pub const PERSISTENCE: &str = "PERSISTENCE";
@@ -264,11 +264,11 @@ async fn run_step(
     agent.flush().await?;
     let tools = agent.toolset();
     let options = agent.options();
-    let (Some(provider), Some(model)) = (options.provider.clone(), options.model.clone()) else {
+    let (Some(endpoint), Some(model)) = (options.endpoint.clone(), options.model.clone()) else {
         return Err(Stop::Failed(turn_error(
             NO_MODEL,
             format!(
-                "agent {} has no model: set both its provider and model options",
+                "agent {} has no model: set both its endpoint and model options",
                 agent.id()
             ),
         )));
@@ -278,7 +278,7 @@ async fn run_step(
         session: agent.id(),
         turn,
         step,
-        provider: provider.clone(),
+        endpoint: endpoint.clone(),
         model: model.clone(),
         max_tokens: options.max_tokens,
         system: config.prompt.render(
@@ -334,7 +334,7 @@ async fn run_step(
         id: MessageId::new(),
         role: Role::Assistant,
         content: assembler.blocks(),
-        source: MessageSource::Model { provider, model },
+        source: MessageSource::Model { endpoint, model },
     };
     let calls: Vec<(CallId, Text, Text)> = message
         .tool_calls()
@@ -378,7 +378,7 @@ fn interrupt(
             role: Role::Assistant,
             content,
             source: MessageSource::Model {
-                provider: options.provider.clone().unwrap_or_default(),
+                endpoint: options.endpoint.clone().unwrap_or_default(),
                 model: options.model.clone().unwrap_or_default(),
             },
         };

@@ -253,7 +253,7 @@ impl Host {
         tools.push(ListAgentsTool::new(&self.subagents));
         AgentSpec {
             options: AgentOptions {
-                provider: Some("scripted".into()),
+                endpoint: Some("scripted".into()),
                 model: Some(LEAD.into()),
                 max_tokens: Some(2048),
                 subagent_depth: 0,

@@ -156,7 +156,7 @@ pub fn stop_detail(reason: &TurnEndReason, full: bool) -> String {
 pub fn source_label(source: &MessageSource, full: bool) -> String {
     match source {
         MessageSource::User => "user".into(),
-        MessageSource::Model { provider, model } => format!("model {provider}/{model}"),
+        MessageSource::Model { endpoint, model } => format!("model {endpoint}/{model}"),
         MessageSource::Tool { call_id } => format!("tool {call_id}"),
         MessageSource::Coordinator { sender } => format!("from coordinator {sender}"),
         MessageSource::SubagentReport { sender } => format!("report from {sender}"),
@@ -220,9 +220,9 @@ pub fn descriptor_label(d: &SubagentDescriptor, full: bool) -> String {
     if let Some(label) = &d.label {
         s.push_str(&format!(", label {}", quote(label, full)));
     }
-    match (&d.agent_provider, &d.agent_model) {
+    match (&d.endpoint, &d.model) {
         (Some(p), Some(m)) => s.push_str(&format!(", model {p}/{m}")),
-        (Some(p), None) => s.push_str(&format!(", model provider {p}")),
+        (Some(p), None) => s.push_str(&format!(", endpoint {p}")),
         (None, Some(m)) => s.push_str(&format!(", model {m}")),
         (None, None) => {}
     }

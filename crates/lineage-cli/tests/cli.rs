@@ -265,8 +265,8 @@ fn fixture() -> Fixture {
     let child = SessionId::new();
     let descriptor = SubagentDescriptor {
         label: Some("reviewer".into()),
-        agent_provider: Some("example".into()),
-        agent_model: Some("example-model-1".into()),
+        endpoint: Some("example".into()),
+        model: Some("example-model-1".into()),
         persona: Some("A careful reviewer.".into()),
         tool_filter: Some(ToolFilter {
             allow: Some(vec![Text::from("grep"), Text::from("read_file")]),
@@ -491,7 +491,7 @@ fn tree_shows_children_with_mode_label_provider_and_depth() {
     assert_eq!(child["mode"], "continuable");
     assert_eq!(child["label"], "reviewer");
     assert_eq!(child["provider"], "fork");
-    assert_eq!(child["agent_model"], "example-model-1");
+    assert_eq!(child["model"], "example-model-1");
     assert_eq!(child["delegation_depth"], 1);
     assert_eq!(child["seed_len"], ROOT_LEN);
     let fork = find(kids, "id", &f.fork.to_string());

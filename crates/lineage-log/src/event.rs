@@ -612,10 +612,10 @@ pub struct SubagentDescriptor {
     pub provider: Text,
     /// A label for people.
     pub label: Option<Text>,
-    /// The child's model provider.
-    pub agent_provider: Option<Text>,
+    /// The child's model endpoint.
+    pub endpoint: Option<Text>,
     /// The child's model.
-    pub agent_model: Option<Text>,
+    pub model: Option<Text>,
     /// A persona that replaces the host's for this child.
     pub persona: Option<Text>,
     /// The child's tool filter.
@@ -633,8 +633,8 @@ impl SubagentDescriptor {
             mode,
             provider: provider.into(),
             label: None,
-            agent_provider: None,
-            agent_model: None,
+            endpoint: None,
+            model: None,
             persona: None,
             tool_filter: None,
         }

@@ -124,8 +124,8 @@ pub enum MessageSource {
     User,
     /// Produced by a model.
     Model {
-        /// The model provider.
-        provider: Text,
+        /// The model endpoint (a named model service: its wire format, address and credentials).
+        endpoint: Text,
         /// The model.
         model: Text,
     },

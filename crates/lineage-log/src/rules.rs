@@ -48,12 +48,12 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
                 return Err("message must have role assistant".into());
             }
             match &m.message.source {
-                MessageSource::Model { provider, model }
-                    if !provider.is_empty() && !model.is_empty() =>
+                MessageSource::Model { endpoint, model }
+                    if !endpoint.is_empty() && !model.is_empty() =>
                 {
                     Ok(())
                 }
-                _ => Err("message must have a model source naming provider and model".into()),
+                _ => Err("message must have a model source naming endpoint and model".into()),
             }
         }
         EventBody::ToolResult(r) => {
@@ -103,7 +103,7 @@ pub fn check_shape(event: &Event) -> Result<(), String> {
 
 /// Checks the descriptor contract: the version is the one this build supports
 /// ([`SubagentDescriptor::VERSION`]); a continuable descriptor has a label; a one-shot descriptor
-/// carries none of the continuable-only fields (agent provider, agent model, persona, tool
+/// carries none of the continuable-only fields (endpoint, model, persona, tool
 /// filter); a tool filter declares `allow`, `deny` or both. The error names the offending field.
 pub fn check_descriptor(descriptor: &SubagentDescriptor) -> Result<(), String> {
     if descriptor.version != SubagentDescriptor::VERSION {
@@ -120,8 +120,8 @@ pub fn check_descriptor(descriptor: &SubagentDescriptor) -> Result<(), String> {
         DescriptorMode::Continuable => {}
         DescriptorMode::OneShot => {
             let continuable_only = [
-                ("agent_provider", descriptor.agent_provider.is_some()),
-                ("agent_model", descriptor.agent_model.is_some()),
+                ("endpoint", descriptor.endpoint.is_some()),
+                ("model", descriptor.model.is_some()),
                 ("persona", descriptor.persona.is_some()),
                 ("tool_filter", descriptor.tool_filter.is_some()),
             ];

@@ -221,8 +221,8 @@ fn one_of_each() -> Vec<EventBody> {
                 mode,
                 provider: "fork".into(),
                 label: Some("reviewer".into()),
-                agent_provider: Some("p".into()),
-                agent_model: Some("m".into()),
+                endpoint: Some("p".into()),
+                model: Some("m".into()),
                 persona: Some("terse".into()),
                 tool_filter: Some(ToolFilter {
                     allow: Some(vec!["grep".into()]),
@@ -238,8 +238,8 @@ fn one_of_each() -> Vec<EventBody> {
             mode: DescriptorMode::OneShot,
             provider: "spawn".into(),
             label: None,
-            agent_provider: None,
-            agent_model: None,
+            endpoint: None,
+            model: None,
             persona: None,
             tool_filter: None,
         }

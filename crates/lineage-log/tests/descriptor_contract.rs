@@ -12,8 +12,8 @@ use lineage_testkit::ev::{self, mid};
 fn continuable() -> SubagentDescriptor {
     SubagentDescriptor {
         label: Some(Text::from("reviewer")),
-        agent_provider: Some(Text::from("p")),
-        agent_model: Some(Text::from("m")),
+        endpoint: Some(Text::from("p")),
+        model: Some(Text::from("m")),
         persona: Some(Text::from("You review.")),
         tool_filter: Some(ToolFilter {
             allow: Some(vec![Text::from("grep")]),
@@ -63,17 +63,17 @@ fn forbidden() -> Vec<(SubagentDescriptor, &'static str)> {
         ),
         (
             SubagentDescriptor {
-                agent_model: Some(Text::from("m")),
+                model: Some(Text::from("m")),
                 ..one_shot()
             },
-            "agent_model",
+            "model",
         ),
         (
             SubagentDescriptor {
-                agent_provider: Some(Text::from("p")),
+                endpoint: Some(Text::from("p")),
                 ..one_shot()
             },
-            "agent_provider",
+            "endpoint",
         ),
         (
             SubagentDescriptor {

@@ -26,8 +26,8 @@ fn descriptor(provider: &str) -> EventBody {
         mode: DescriptorMode::Continuable,
         provider: provider.into(),
         label: Some("helper".into()),
-        agent_provider: None,
-        agent_model: None,
+        endpoint: None,
+        model: None,
         persona: None,
         tool_filter: None,
     }

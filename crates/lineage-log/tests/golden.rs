@@ -81,7 +81,7 @@ fn user_message(n: u128, content: Vec<ContentBlock>, source: MessageSource) -> M
 
 fn model_source() -> MessageSource {
     MessageSource::Model {
-        provider: t("acme"),
+        endpoint: t("acme"),
         model: t("acme-large-2"),
     }
 }
@@ -700,8 +700,8 @@ fn record_vectors() -> Vec<RecordVector> {
                 mode: DescriptorMode::Continuable,
                 provider: t("fork"),
                 label: Some(t("test writer")),
-                agent_provider: Some(t("acme")),
-                agent_model: Some(t("acme-large-2")),
+                endpoint: Some(t("acme")),
+                model: Some(t("acme-large-2")),
                 persona: Some(t("You write tests.")),
                 tool_filter: Some(ToolFilter {
                     allow: Some(vec![t("read_file"), t("write_file")]),
@@ -718,8 +718,8 @@ fn record_vectors() -> Vec<RecordVector> {
                 mode: DescriptorMode::OneShot,
                 provider: t("spawn"),
                 label: None,
-                agent_provider: None,
-                agent_model: None,
+                endpoint: None,
+                model: None,
                 persona: None,
                 tool_filter: None,
             },
@@ -733,8 +733,8 @@ fn record_vectors() -> Vec<RecordVector> {
                 mode: DescriptorMode::OneShot,
                 provider: t("spawn"),
                 label: None,
-                agent_provider: None,
-                agent_model: None,
+                endpoint: None,
+                model: None,
                 persona: None,
                 tool_filter: Some(ToolFilter {
                     allow: None,
@@ -751,8 +751,8 @@ fn record_vectors() -> Vec<RecordVector> {
                 mode: DescriptorMode::Continuable,
                 provider: t("spawn"),
                 label: Some(t("researcher")),
-                agent_provider: None,
-                agent_model: None,
+                endpoint: None,
+                model: None,
                 persona: None,
                 tool_filter: Some(ToolFilter {
                     allow: Some(vec![t("search")]),
@@ -927,10 +927,10 @@ const REQUIRED_COVERAGE: &[&str] = &[
     "DescriptorMode::Continuable",
     "SubagentDescriptor::label=Some",
     "SubagentDescriptor::label=None",
-    "SubagentDescriptor::agent_provider=Some",
-    "SubagentDescriptor::agent_provider=None",
-    "SubagentDescriptor::agent_model=Some",
-    "SubagentDescriptor::agent_model=None",
+    "SubagentDescriptor::endpoint=Some",
+    "SubagentDescriptor::endpoint=None",
+    "SubagentDescriptor::model=Some",
+    "SubagentDescriptor::model=None",
     "SubagentDescriptor::persona=Some",
     "SubagentDescriptor::persona=None",
     "SubagentDescriptor::tool_filter=Some",
@@ -1089,12 +1089,8 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
                 },
             );
             opt(seen, "SubagentDescriptor::label", &d.label);
-            opt(
-                seen,
-                "SubagentDescriptor::agent_provider",
-                &d.agent_provider,
-            );
-            opt(seen, "SubagentDescriptor::agent_model", &d.agent_model);
+            opt(seen, "SubagentDescriptor::endpoint", &d.endpoint);
+            opt(seen, "SubagentDescriptor::model", &d.model);
             opt(seen, "SubagentDescriptor::persona", &d.persona);
             opt(seen, "SubagentDescriptor::tool_filter", &d.tool_filter);
             if let Some(filter) = &d.tool_filter {

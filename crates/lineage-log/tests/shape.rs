@@ -1,7 +1,7 @@
 //! `check_shape`: the rules one event satisfies on its own, wherever it lands.
 //!
 //! User messages and inbox insertions have role user; assistant messages have role assistant and a
-//! model source naming provider and model; a tool result has role user, a tool source, and exactly
+//! model source naming endpoint and model; a tool result has role user, a tool source, and exactly
 //! one tool-result block answering the call its source names; `session/lineage` sits at
 //! `seq == seed_len`; a custom event names its type and carries strict JSON. Append and seed both
 //! enforce these.
@@ -76,7 +76,7 @@ fn a_user_message_has_role_user_and_any_source() {
 }
 
 #[test]
-fn an_assistant_message_has_role_assistant_and_a_model_source_naming_provider_and_model() {
+fn an_assistant_message_has_role_assistant_and_a_model_source_naming_endpoint_and_model() {
     ok(ev::assistant_text(1, 1, mid(1), "hi"));
     ok(ev::assistant(1, 1, mid(1), Vec::new()));
     let good = ev::assistant_message(mid(1), vec![ContentBlock::text("x")]);
@@ -88,11 +88,11 @@ fn an_assistant_message_has_role_assistant_and_a_model_source_naming_provider_an
     for source in [
         MessageSource::User,
         MessageSource::Model {
-            provider: "".into(),
+            endpoint: "".into(),
             model: "m".into(),
         },
         MessageSource::Model {
-            provider: "p".into(),
+            endpoint: "p".into(),
             model: "".into(),
         },
         MessageSource::Tool {

@@ -1375,8 +1375,8 @@ fn fork_with_setup_writes_the_setup_after_lineage_in_the_same_commit() {
         mode: DescriptorMode::Continuable,
         provider: Text::from("fork"),
         label: Some(Text::from("helper")),
-        agent_provider: None,
-        agent_model: None,
+        endpoint: None,
+        model: None,
         persona: None,
         tool_filter: None,
     };

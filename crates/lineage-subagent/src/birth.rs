@@ -61,14 +61,14 @@ pub(crate) fn check_tool_filter(
     }
 }
 
-/// The child's options: the parent's provider, model and token limit unless the request sets
+/// The child's options: the parent's model endpoint, model and token limit unless the request sets
 /// them, and always the child's depth.
 pub fn child_options(parent: &AgentOptions, requested: &ChildOptions, depth: u32) -> AgentOptions {
     AgentOptions {
-        provider: requested
-            .provider
+        endpoint: requested
+            .endpoint
             .clone()
-            .or_else(|| parent.provider.clone()),
+            .or_else(|| parent.endpoint.clone()),
         model: requested.model.clone().or_else(|| parent.model.clone()),
         max_tokens: requested.max_tokens.or(parent.max_tokens),
         subagent_depth: depth,
@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn child_options_inherit_unless_overridden_and_always_carry_the_depth() {
         let parent = AgentOptions {
-            provider: Some("p".into()),
+            endpoint: Some("p".into()),
             model: Some("big".into()),
             max_tokens: Some(100),
             subagent_depth: 0,
@@ -343,7 +343,7 @@ mod tests {
             },
             2,
         );
-        assert_eq!(overridden.provider.as_deref(), Some("p"));
+        assert_eq!(overridden.endpoint.as_deref(), Some("p"));
         assert_eq!(overridden.model.as_deref(), Some("small"));
         assert_eq!(overridden.max_tokens, Some(50));
         assert_eq!(overridden.subagent_depth, 2);

@@ -527,8 +527,8 @@ impl SubagentRuntime {
         let options = birth::child_options(parent.options(), &request.agent_options, depth);
         let descriptor = SubagentDescriptor {
             label: Some(request.label.clone()),
-            agent_provider: options.provider.clone(),
-            agent_model: options.model.clone(),
+            endpoint: options.endpoint.clone(),
+            model: options.model.clone(),
             persona: request.persona.clone(),
             tool_filter: request.tool_filter.clone(),
             ..SubagentDescriptor::new(DescriptorMode::Continuable, provider_name)
@@ -856,7 +856,7 @@ impl SubagentRuntime {
     }
 
     /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
-    /// the child's model provider, model, persona and tool filter come from its descriptor, its
+    /// the child's model endpoint, model, persona and tool filter come from its descriptor, its
     /// token limit, depth and policy from its own events.
     async fn cold_resume(
         &self,
@@ -928,8 +928,8 @@ impl SubagentRuntime {
             }
         };
         let options = AgentOptions {
-            provider: descriptor.agent_provider.clone(),
-            model: descriptor.agent_model.clone(),
+            endpoint: descriptor.endpoint.clone(),
+            model: descriptor.model.clone(),
             max_tokens: birth::recorded_max_tokens(child, &loaded.events)?,
             // The stored lineage is the floor; the runtime asks for nothing more.
             subagent_depth: 0,

@@ -79,8 +79,8 @@ impl Capability {
 /// Model options a request may set for its child; unset fields inherit the parent's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChildOptions {
-    /// The child's model provider.
-    pub provider: Option<Text>,
+    /// The child's model endpoint.
+    pub endpoint: Option<Text>,
     /// The child's model.
     pub model: Option<Text>,
     /// The child's output-token limit per request.

@@ -157,7 +157,7 @@ async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn()
     let descriptor = fold_descriptor(&stored).expect("a descriptor");
     assert_eq!(descriptor.mode, DescriptorMode::Continuable);
     assert_eq!(descriptor.label.as_deref(), Some("worker job"));
-    assert_eq!(descriptor.agent_model.as_deref(), Some("worker"));
+    assert_eq!(descriptor.model.as_deref(), Some("worker"));
     assert_eq!(user_texts(&stored), ["find the answer"]);
     h.assert_verified();
 }

@@ -77,9 +77,9 @@ fn forbidden() -> Vec<(&'static str, SubagentDescriptor)> {
             },
         ),
         (
-            "agent_model",
+            "model",
             SubagentDescriptor {
-                agent_model: Some(Text::from("m")),
+                model: Some(Text::from("m")),
                 ..SubagentDescriptor::new(DescriptorMode::OneShot, "spawn")
             },
         ),

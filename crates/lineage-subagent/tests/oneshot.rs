@@ -1291,7 +1291,7 @@ async fn child_options_persona_and_the_delegation_context_reach_the_childs_reque
     let asked = &h.child_model().requests()[0];
     assert_eq!(asked.model.as_str(), CHILD);
     assert_eq!(
-        asked.provider.as_str(),
+        asked.endpoint.as_str(),
         "scripted",
         "inherited from the parent"
     );

@@ -1,4 +1,4 @@
-//! A continuable child keeps the agent options it was born with (model provider, model, token
+//! A continuable child keeps the agent options it was born with (model endpoint, model, token
 //! limit) when a follow-up resumes it cold, after the host restarted, whether the options were
 //! given in its request or inherited from its parent.
 //!
@@ -86,19 +86,19 @@ async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, Mode
 #[tokio::test(start_paused = true)]
 async fn a_child_given_a_token_limit_keeps_it_and_its_provider_after_a_cold_resume() {
     let (before, after) = requests_across_a_restart(ChildOptions {
-        provider: Some("other".into()),
+        endpoint: Some("other".into()),
         model: Some("worker".into()),
         max_tokens: Some(77),
     })
     .await;
     assert_eq!(before.max_tokens, Some(77));
-    assert_eq!(before.provider.as_str(), "other");
+    assert_eq!(before.endpoint.as_str(), "other");
     assert_eq!(
         after.max_tokens,
         Some(77),
         "the resumed request keeps the limit"
     );
-    assert_eq!(after.provider.as_str(), "other");
+    assert_eq!(after.endpoint.as_str(), "other");
     assert_eq!(after.model.as_str(), "worker");
 }
 
@@ -115,6 +115,6 @@ async fn a_child_that_inherited_its_parents_token_limit_keeps_it_after_a_cold_re
         after.max_tokens, parent.max_tokens,
         "the resumed request keeps the inherited limit"
     );
-    assert_eq!(Some(after.provider.as_str()), parent.provider.as_deref());
+    assert_eq!(Some(after.endpoint.as_str()), parent.endpoint.as_deref());
     assert_eq!(after.model.as_str(), "worker");
 }

@@ -211,7 +211,7 @@ async fn the_subagent_tool_starts_a_continuable_child_and_returns_its_id_at_once
         .expect("a descriptor");
     assert_eq!(descriptor.mode, DescriptorMode::Continuable);
     assert_eq!(descriptor.label.as_deref(), Some("survey the code"));
-    assert_eq!(descriptor.agent_model.as_deref(), Some(CHILD));
+    assert_eq!(descriptor.model.as_deref(), Some(CHILD));
     assert_eq!(user_texts(&agent.events()), ["list every module"]);
 
     gate.open();

@@ -458,8 +458,8 @@ impl Machine {
                     provider: Text::from(if rng.percent(50) { "spawn" } else { "fork" }),
                     // A continuable descriptor always has a label; only it has the rest.
                     label: (continuable || rng.percent(70)).then(|| Text::from(word(rng))),
-                    agent_provider: continuable.then(|| Text::from(ev::PROVIDER)),
-                    agent_model: continuable.then(|| Text::from(ev::MODEL)),
+                    endpoint: continuable.then(|| Text::from(ev::PROVIDER)),
+                    model: continuable.then(|| Text::from(ev::MODEL)),
                     persona: (continuable && rng.percent(30))
                         .then(|| Text::from(sentence(rng, 40))),
                     tool_filter: (continuable && rng.percent(30)).then(|| ToolFilter {

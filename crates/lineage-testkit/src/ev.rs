@@ -35,7 +35,7 @@ pub fn mid(n: u64) -> MessageId {
 /// The model source of [`PROVIDER`] and [`MODEL`].
 pub fn model_source() -> MessageSource {
     MessageSource::Model {
-        provider: Text::from(PROVIDER),
+        endpoint: Text::from(PROVIDER),
         model: Text::from(MODEL),
     }
 }

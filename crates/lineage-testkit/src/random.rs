@@ -92,7 +92,7 @@ pub(crate) fn random_source(rng: &mut SplitMix64) -> MessageSource {
     match rng.below(7) {
         0 => MessageSource::User,
         1 => MessageSource::Model {
-            provider: random_text(rng),
+            endpoint: random_text(rng),
             model: random_text(rng),
         },
         2 => MessageSource::Tool {
@@ -328,8 +328,8 @@ pub fn random_event_body(rng: &mut SplitMix64) -> EventBody {
             },
             provider: random_text(rng),
             label: maybe(rng, random_text),
-            agent_provider: maybe(rng, random_text),
-            agent_model: maybe(rng, random_text),
+            endpoint: maybe(rng, random_text),
+            model: maybe(rng, random_text),
             persona: maybe(rng, random_text),
             tool_filter: maybe(rng, |rng| ToolFilter {
                 allow: maybe(rng, texts),

@@ -61,7 +61,7 @@ pub fn spec() -> AgentSpec {
 
 pub fn options() -> AgentOptions {
     AgentOptions {
-        provider: Some("scripted".into()),
+        endpoint: Some("scripted".into()),
         model: Some("test-model".into()),
         max_tokens: Some(1024),
         subagent_depth: 0,

@@ -194,7 +194,7 @@ pub struct Footprint {
 
 pub fn parent_options() -> AgentOptions {
     AgentOptions {
-        provider: Some("scripted".into()),
+        endpoint: Some("scripted".into()),
         model: Some(PARENT.into()),
         max_tokens: Some(1024),
         subagent_depth: 0,

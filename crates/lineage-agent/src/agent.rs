@@ -41,6 +41,15 @@ pub struct AgentOptions {
     pub subagent_depth: u32,
 }
 
+/// What [`Agent::cancel`] does with the messages queued in the inbox and not yet claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queued {
+    /// Discard them durably: the agent forgets the work it was asked to do next.
+    Discard,
+    /// Keep them parked until the next waking send: the agent stops only what it is doing now.
+    Keep,
+}
+
 /// Whether an agent is working. `Running` covers a whole drive: back-to-back turns and their
 /// closing writes, so it does not prove that a turn is open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,14 +103,15 @@ pub enum AgentEvent {
         event: Event,
     },
     /// The agent's work was cancelled (see [`Agent::cancel`]): published once the pending input
-    /// was discarded (unless `keep_inbox`) and before the current turn, if any, is cancelled.
+    /// was discarded (unless kept, [`Queued::Keep`]) and before the current turn, if any, is
+    /// cancelled.
     Cancelled {
         /// The agent.
         agent: SessionId,
         /// The cause given.
         cause: AbortCause,
-        /// Whether pending input was kept.
-        keep_inbox: bool,
+        /// What became of the pending input.
+        queued: Queued,
     },
     /// Best-effort work of the agent failed (also sent to its registry's watchers).
     Diagnostic(Diagnostic),
@@ -426,14 +436,14 @@ impl Agent {
 
     /// Cancels the agent's work with `cause`.
     ///
-    /// Without `keep_inbox` every pending message is discarded durably (a cancelled splice per
-    /// list) and a pending wake replay is dropped. With it, pending work stays parked until the
-    /// next waking send. Either way the current turn, if any, is cancelled; the first cause of a
+    /// With [`Queued::Discard`] every pending message is discarded durably (a cancelled splice
+    /// per list) and a pending wake replay is dropped. With [`Queued::Keep`] pending work stays
+    /// parked until the next waking send. Either way the current turn, if any, is cancelled; the first cause of a
     /// turn is the one its `turn/end` records. Claimed input is never requeued. On an idle agent
     /// only the inbox is affected.
-    pub fn cancel(&self, cause: AbortCause, keep_inbox: bool) -> Result<(), AgentError> {
+    pub fn cancel(&self, cause: AbortCause, queued: Queued) -> Result<(), AgentError> {
         let mut st = lock(&self.state);
-        if !keep_inbox {
+        if queued == Queued::Discard {
             for splice in st.inbox.clear_splices() {
                 self.splice(&mut st, splice, true)?;
             }
@@ -446,7 +456,7 @@ impl Agent {
             AgentEvent::Cancelled {
                 agent: self.id,
                 cause: cause.clone(),
-                keep_inbox,
+                queued,
             },
         );
         if let Phase::Running(r) = &st.phase {
@@ -545,7 +555,7 @@ impl Agent {
 
     async fn dispose_now(self: Arc<Self>) -> DisposalOutcome {
         lock(&self.state).disposing = true;
-        if let Err(error) = self.cancel(AbortCause::Disposed, false) {
+        if let Err(error) = self.cancel(AbortCause::Disposed, Queued::Discard) {
             self.diagnose(
                 DiagnosticKind::DiscardFailed,
                 format!("disposal could not discard pending input: {error}"),

@@ -32,7 +32,7 @@ mod tool;
 mod turn;
 mod watch;
 
-pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus, FlushFault};
+pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus, FlushFault, Queued};
 pub use cancel::Cancellation;
 pub use error::AgentError;
 pub use hooks::{HOOK_FAILED, HOOK_PANICKED, HookError, Hooks, NoHooks, PreStep, PreStepDecision};

@@ -21,7 +21,7 @@ use futures_core::Stream;
 use lineage_agent::{
     Agent, AgentSpec, AgentStatus, Agents, BoxFuture, ChunkStream, CreateAgent, Gate, HOOK_FAILED,
     HOOK_PANICKED, HookError, Hooks, MODEL_PANICKED, Model, ModelRequest, PreStep, PreStepDecision,
-    Response, ScriptedModel, ToolOutput,
+    Queued, Response, ScriptedModel, ToolOutput,
 };
 use lineage_log::{EventBody, EventKind, InboxTarget, ModelFailure, StreamChunk, TurnEndReason};
 use lineage_store::Store;
@@ -494,7 +494,7 @@ impl Hooks for CancellingHook {
     fn pre_step(&self, step: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
         Box::pin(async move {
             step.agent
-                .cancel(lineage_log::AbortCause::User, true)
+                .cancel(lineage_log::AbortCause::User, Queued::Keep)
                 .expect("the cancel is logged");
             Err(HookError::new("cancelled under me"))
         })

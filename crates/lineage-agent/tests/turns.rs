@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use lineage_agent::{
     ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError, Hooks,
-    INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Response, SCRIPT_EXHAUSTED,
+    INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Queued, Response, SCRIPT_EXHAUSTED,
     TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{AbortCause, EventBody, EventKind, InboxTarget, Text, ToolFilter, TurnEndReason};
@@ -275,7 +275,7 @@ async fn a_cancel_right_after_the_wake_closes_the_turn_without_a_step() {
     let agent = h.agent().await;
     agent.followup(user("x")).unwrap();
     // The prompt was claimed synchronously: keeping the inbox keeps nothing.
-    agent.cancel(AbortCause::User, true).unwrap();
+    agent.cancel(AbortCause::User, Queued::Keep).unwrap();
     agent.when_idle().await;
     let events = agent.events();
     assert_eq!(
@@ -297,7 +297,7 @@ async fn a_cancel_mid_stream_keeps_the_interrupted_prefix() {
     agent.followup(user("x")).unwrap();
     wait_appended(&mut rx, EventKind::AssistantChunk).await;
     wait_appended(&mut rx, EventKind::AssistantChunk).await;
-    agent.cancel(AbortCause::User, false).unwrap();
+    agent.cancel(AbortCause::User, Queued::Discard).unwrap();
     agent.when_idle().await;
     let events = agent.events();
     let tail: Vec<_> = kinds(&events).into_iter().rev().take(3).collect();
@@ -337,7 +337,7 @@ async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones()
     agent.followup(user("x")).unwrap();
     let mut started = started;
     started.recv().await.expect("the first call's body starts");
-    agent.cancel(AbortCause::Parent, false).unwrap();
+    agent.cancel(AbortCause::Parent, Queued::Discard).unwrap();
     agent.when_idle().await;
     let events = agent.events();
     assert_eq!(
@@ -389,7 +389,7 @@ async fn a_cancel_while_calls_are_flushed_before_dispatch_keeps_their_bodies_fro
     agent.followup(user("x")).unwrap();
     // Both calls are recorded, and the driver is flushing them before it dispatches: cancel now.
     wait_appended(&mut rx, EventKind::ToolCall).await;
-    agent.cancel(AbortCause::User, false).unwrap();
+    agent.cancel(AbortCause::User, Queued::Discard).unwrap();
     agent.when_idle().await;
     assert_eq!(ran.load(Ordering::SeqCst), 0, "no body ran");
     let events = agent.events();
@@ -426,7 +426,7 @@ async fn a_cancel_from_inside_a_tool_ends_the_turn_before_the_next_step() {
                 AbortCause::Hook {
                     reason: "policy".into(),
                 },
-                false,
+                Queued::Discard,
             )
             .unwrap();
         ToolOutput::text("asked to stop")
@@ -453,15 +453,15 @@ async fn the_first_cause_wins() {
     let mut rx = agent.subscribe();
     agent.followup(user("x")).unwrap();
     wait_appended(&mut rx, EventKind::AssistantChunk).await;
-    agent.cancel(AbortCause::User, true).unwrap();
-    agent.cancel(AbortCause::Parent, true).unwrap();
+    agent.cancel(AbortCause::User, Queued::Keep).unwrap();
+    agent.cancel(AbortCause::Parent, Queued::Keep).unwrap();
     agent.dispose().await;
     assert_eq!(turn_ends(&agent.events()), [aborted(AbortCause::User)]);
     assert!(h.agents.get(agent.id()).is_none());
 }
 
 #[tokio::test(start_paused = true)]
-async fn keep_inbox_parks_queued_work_until_the_next_waking_send() {
+async fn a_cancel_that_keeps_queued_work_parks_it_until_the_next_waking_send() {
     let h = Harness::new([
         Response::hang(),
         Response::text("for b"),
@@ -471,7 +471,7 @@ async fn keep_inbox_parks_queued_work_until_the_next_waking_send() {
     agent.followup(user("a")).unwrap();
     h.model.wait_for_requests(1).await;
     agent.followup(user("b")).unwrap();
-    agent.cancel(AbortCause::User, true).unwrap();
+    agent.cancel(AbortCause::User, Queued::Keep).unwrap();
     agent.when_idle().await;
     // b was queued before the cancel: it is parked, not run.
     assert_eq!(agent.status(), AgentStatus::Idle);
@@ -499,7 +499,7 @@ async fn keep_inbox_parks_queued_work_until_the_next_waking_send() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_cancel_without_keep_inbox_discards_queued_work_durably() {
+async fn a_cancel_that_discards_queued_work_does_so_durably() {
     let h = Harness::new([Response::hang()]);
     let agent = h.agent().await;
     let mut rx = agent.subscribe();
@@ -507,7 +507,7 @@ async fn a_cancel_without_keep_inbox_discards_queued_work_durably() {
     h.model.wait_for_requests(1).await;
     let queued = user("b");
     agent.followup(queued.clone()).unwrap();
-    agent.cancel(AbortCause::User, false).unwrap();
+    agent.cancel(AbortCause::User, Queued::Discard).unwrap();
     agent.when_idle().await;
     assert!(!agent.has_pending());
     let discarded = wait_for(&mut rx, |e| matches!(e, AgentEvent::InboxDiscarded { .. })).await;
@@ -529,7 +529,7 @@ async fn a_wake_during_the_cancel_window_is_latched_and_replayed_after_turn_end(
     let mut rx = agent.subscribe();
     agent.followup(user("a")).unwrap();
     h.model.wait_for_requests(1).await;
-    agent.cancel(AbortCause::User, false).unwrap();
+    agent.cancel(AbortCause::User, Queued::Discard).unwrap();
     // The driver has not closed turn 1 yet: this send cannot join it and is latched.
     agent.steer(user("b")).unwrap();
     assert_eq!(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, RegistryEvent};
+use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, Queued, RegistryEvent};
 use lineage_log::{AbortCause, ApprovalPolicy, EventBody, InboxTarget, PolicySource};
 use lineage_store::StoreError;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -59,27 +59,27 @@ async fn every_cancellation_is_published_with_its_cause_and_inbox_choice() {
     let agent = h.agent().await;
     let mut rx = agent.subscribe();
     agent.inject(user("parked")).unwrap();
-    agent.cancel(AbortCause::User, true).unwrap();
+    agent.cancel(AbortCause::User, Queued::Keep).unwrap();
     assert_eq!(agent.pending(InboxTarget::NextStep).len(), 1);
     agent
         .cancel(
             AbortCause::Hook {
                 reason: "enough".into(),
             },
-            false,
+            Queued::Discard,
         )
         .unwrap();
     agent.dispose().await;
-    let cancels: Vec<(AbortCause, bool)> = drain(&mut rx)
+    let cancels: Vec<(AbortCause, Queued)> = drain(&mut rx)
         .into_iter()
         .filter_map(|e| match e {
             AgentEvent::Cancelled {
                 agent: who,
                 cause,
-                keep_inbox,
+                queued,
             } => {
                 assert_eq!(who, agent.id());
-                Some((cause, keep_inbox))
+                Some((cause, queued))
             }
             _ => None,
         })
@@ -87,14 +87,14 @@ async fn every_cancellation_is_published_with_its_cause_and_inbox_choice() {
     assert_eq!(
         cancels,
         vec![
-            (AbortCause::User, true),
+            (AbortCause::User, Queued::Keep),
             (
                 AbortCause::Hook {
                     reason: "enough".into()
                 },
-                false
+                Queued::Discard
             ),
-            (AbortCause::Disposed, false),
+            (AbortCause::Disposed, Queued::Discard),
         ]
     );
 }

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use lineage_agent::{
     Agent, AgentOptions, AgentSpec, AgentStatus, Cancellation, Diagnostic, DiagnosticKind, Hooks,
+    Queued,
 };
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Message, MessageId, MessageSource,
@@ -37,8 +38,8 @@ use lineage_store::Loaded;
 use tokio::sync::{OwnedMutexGuard, watch};
 
 use crate::birth::{self, ChildPlan};
-use crate::driver::cancelled_before_publication;
 use crate::lifecycle::{Lifecycle, RunInfo};
+use crate::oneshot::cancelled_before_publication;
 use crate::setup::Installed;
 use crate::{
     CancelledBy, ChildOptions, ContinuableCreate, ErrorCode, StopReason, SubagentError,
@@ -997,7 +998,7 @@ impl SubagentRuntime {
         }
         activation
             .agent
-            .cancel(cause, true)
+            .cancel(cause, Queued::Keep)
             .map_err(|e| SubagentError::agent(target, e))
     }
 
@@ -1136,7 +1137,7 @@ impl SubagentRuntime {
             (tx, rx)
         };
         activation.poke();
-        if let Err(error) = activation.agent.cancel(AbortCause::Parent, false) {
+        if let Err(error) = activation.agent.cancel(AbortCause::Parent, Queued::Discard) {
             self.diagnose(
                 activation.child(),
                 DiagnosticKind::CancelFailed,

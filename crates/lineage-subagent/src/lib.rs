@@ -18,12 +18,12 @@
 
 mod birth;
 mod continuation;
-mod driver;
+mod contract;
 mod error;
+mod in_process;
 mod lifecycle;
 mod listing;
-mod provider;
-mod providers;
+mod oneshot;
 mod runtime;
 pub mod schema;
 mod setup;
@@ -34,16 +34,16 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
 pub use continuation::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
-pub use driver::start_in_process;
-pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
-pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
-pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
-pub use provider::{
+pub use contract::{
     Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,
     MAX_DIAGNOSTIC_BYTES, PrepareContinuable, Provider, ResolvedStart, StartRequest, StopReason,
     SubagentResult, SubagentRun, bound_diagnostic,
 };
-pub use providers::{ForkProvider, SpawnProvider};
+pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
+pub use in_process::{ForkProvider, SpawnProvider};
+pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
+pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
+pub use oneshot::start_in_process;
 pub use runtime::{ListenerId, SubagentRuntime};
 pub use setup::{ContinuableSetup, Installed, SetupId};
 pub use structured::{ALREADY_RECORDED, STRUCTURED_OUTPUT};

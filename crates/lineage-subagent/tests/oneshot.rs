@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use lineage_agent::{
-    AgentOptions, AgentSpec, CreateAgent, Gate, INVALID_ARGUMENTS, Response, TOOL_NOT_AVAILABLE,
-    Tool, ToolOutput,
+    AgentOptions, AgentSpec, CreateAgent, Gate, INVALID_ARGUMENTS, Queued, Response,
+    TOOL_NOT_AVAILABLE, Tool, ToolOutput,
 };
 use lineage_log::{
     AbortCause, ApprovalPolicy, ContentBlock, DescriptorMode, Digest, EventBody, Origin,
@@ -1794,7 +1794,7 @@ async fn cancelling_the_parents_turn_cancels_the_child_and_keeps_both_logs_balan
     let child = h.only_child(&parent);
     assert!(h.agents.get(child).is_some(), "the child is working");
 
-    parent.cancel(AbortCause::User, false).unwrap();
+    parent.cancel(AbortCause::User, Queued::Discard).unwrap();
     within(parent.when_idle()).await;
 
     let events = parent.events();

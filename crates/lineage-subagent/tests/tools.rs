@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::*;
 use lineage_agent::{
-    Agent, AgentStatus, Cancellation, Gate, INVALID_ARGUMENTS, Response, TOOL_NOT_AVAILABLE,
-    ToolOutput,
+    Agent, AgentStatus, Cancellation, Gate, INVALID_ARGUMENTS, Queued, Response,
+    TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, Digest, Event, EventBody, Header, MessageId,
@@ -1146,7 +1146,7 @@ async fn a_cancelled_turn_is_not_held_by_a_send_message_waiting_on_a_teardown() 
         "send_message waits on a's teardown"
     );
     assert!(tool_results(&parent.events()).is_empty());
-    parent.cancel(AbortCause::User, false).unwrap();
+    parent.cancel(AbortCause::User, Queued::Discard).unwrap();
     let stopped = !still_blocked(&mut idle).await;
     slow_gate.open();
     within(teardown).await.unwrap().unwrap();

@@ -3,8 +3,8 @@
 
 use lineage_agent::BoxFuture;
 
-use crate::driver::start_in_process;
-use crate::provider::completed_boundary;
+use crate::contract::completed_boundary;
+use crate::oneshot::start_in_process;
 use crate::{
     Capabilities, ContinuableCreate, ContinuableSpec, PrepareContinuable, Provider, ResolvedStart,
     SubagentError, SubagentRun,

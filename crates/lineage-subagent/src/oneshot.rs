@@ -1,10 +1,10 @@
-//! The in-process one-shot driver shared by the spawn and fork providers: create the child,
+//! The in-process one-shot run shared by the spawn and fork providers: create the child,
 //! give it the prompt, wait for it to go idle, and read its result from its own events.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lineage_agent::{Agent, BoxFuture, Cancellation, Tool};
+use lineage_agent::{Agent, BoxFuture, Cancellation, Queued, Tool};
 use lineage_log::{
     AbortCause, ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, SessionId,
     TurnEndReason,
@@ -103,7 +103,7 @@ fn one_shot_run(
         move || {
             cancelled.store(true, Ordering::SeqCst);
             finished.cancel(AbortCause::Parent);
-            if let Err(error) = child.cancel(AbortCause::Parent, false) {
+            if let Err(error) = child.cancel(AbortCause::Parent, Queued::Discard) {
                 tracing::warn!(child = %child.id(), %error, "cancelling the child failed");
             }
         }
@@ -177,7 +177,7 @@ pub(crate) fn read_result(
     } else {
         recorded
     };
-    let output = final_output(own);
+    let output = epoch_answer(own);
     let mut diagnostic = diagnostic(end);
     let structured = match structured {
         Some(Some(value)) => Some(value),
@@ -222,9 +222,10 @@ fn diagnostic(end: Option<&TurnEndReason>) -> Option<String> {
     }
 }
 
-/// The epoch's final output: the content of its last assistant message with content, without
-/// tool calls.
-pub(crate) fn final_output(own: &[Event]) -> Vec<ContentBlock> {
+/// The epoch's answer: the content of its last assistant message with content, tool calls
+/// left out (unlike [`lineage_log::final_output`], the whole last message of a session's own
+/// suffix).
+pub(crate) fn epoch_answer(own: &[Event]) -> Vec<ContentBlock> {
     own.iter()
         .rev()
         .find_map(|e| match &e.body {

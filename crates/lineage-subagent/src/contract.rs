@@ -371,7 +371,7 @@ impl SubagentRun {
             _ => Err(SubagentError::new(
                 crate::ErrorCode::AgentFailure,
                 format!(
-                    "subagent {}: the run's driver stopped without a result",
+                    "subagent {}: the run stopped without a result",
                     self.inner.id
                 ),
             )),

@@ -352,11 +352,11 @@ pub struct TurnError {
     pub message: Text,
     /// A stable code, for programs.
     pub code: Text,
-    /// The provider's status code, if the failure came from one.
+    /// The endpoint's status code, if the failure came from one.
     pub status: Option<u32>,
-    /// How long the provider asked the caller to wait before retrying.
+    /// How long the endpoint asked the caller to wait before retrying.
     pub retry_after_ms: Option<u64>,
-    /// The provider's request id.
+    /// The endpoint's request id.
     pub request_id: Option<Text>,
 }
 
@@ -486,7 +486,7 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Tokens produced.
     pub output_tokens: u64,
-    /// Tokens served from the provider's prompt cache, when it says.
+    /// Tokens served from the endpoint's prompt cache, when it says.
     pub cache_read_tokens: Option<u64>,
 }
 

@@ -24,6 +24,7 @@ mod in_process;
 mod lifecycle;
 mod listing;
 mod oneshot;
+mod outcome;
 mod runtime;
 pub mod schema;
 mod setup;

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use lineage_agent::{Agent, BoxFuture, Cancellation, Queued, Tool};
 use lineage_log::{
     AbortCause, ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, SessionId,
-    TurnEndReason,
 };
 
 use crate::birth::{self, ChildPlan};
+use crate::outcome;
 use crate::structured::StructuredOutput;
 use crate::{
     ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
@@ -167,18 +167,13 @@ pub(crate) fn read_result(
     cancelled: bool,
     structured: Option<Option<serde_json::Value>>,
 ) -> SubagentResult {
-    let end = own.iter().rev().find_map(|e| match &e.body {
-        EventBody::TurnEnd(end) => Some(&end.reason),
-        _ => None,
-    });
-    let recorded = stop_reason(end);
+    let (recorded, mut diagnostic) = outcome::run_outcome(own);
     let mut stop = if cancelled && recorded != StopReason::Completed {
         StopReason::Aborted
     } else {
         recorded
     };
     let output = epoch_answer(own);
-    let mut diagnostic = diagnostic(end);
     let structured = match structured {
         Some(Some(value)) => Some(value),
         Some(None) if stop == StopReason::Completed => {
@@ -197,28 +192,6 @@ pub(crate) fn read_result(
         structured,
         diagnostic: diagnostic.map(|d| bound_diagnostic(&d)),
         stop_reason: stop,
-    }
-}
-
-/// How a turn end maps to a stop reason.
-pub(crate) fn stop_reason(end: Option<&TurnEndReason>) -> StopReason {
-    match end {
-        Some(TurnEndReason::Completed) => StopReason::Completed,
-        Some(TurnEndReason::MaxTokens) => StopReason::MaxTokens,
-        Some(TurnEndReason::Aborted { .. }) => StopReason::Aborted,
-        Some(TurnEndReason::Blocked) => StopReason::Refusal,
-        Some(TurnEndReason::Error(_) | TurnEndReason::Interrupted) | None => StopReason::Error,
-    }
-}
-
-fn diagnostic(end: Option<&TurnEndReason>) -> Option<String> {
-    match end {
-        Some(TurnEndReason::Error(error)) => Some(format!("{}: {}", error.code, error.message)),
-        Some(TurnEndReason::Interrupted) => {
-            Some("the child's turn was interrupted when its process stopped".into())
-        }
-        None => Some("the child ended without finishing a turn".into()),
-        _ => None,
     }
 }
 

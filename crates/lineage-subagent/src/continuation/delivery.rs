@@ -1,0 +1,522 @@
+//! Delivery: follow-ups (cold resume included), interrupts and reports.
+
+use lineage_agent::{AgentOptions, Cancellation, Queued};
+use lineage_log::{
+    AbortCause, ContentBlock, DescriptorMode, Message, MessageSource, Role, fold_descriptor,
+};
+use lineage_store::Loaded;
+
+use super::activation::ActivationPlan;
+use super::teardown::wait;
+use super::*;
+use crate::birth;
+use crate::{Authority, CancelledBy, ReportDelivery};
+
+impl SubagentRuntime {
+    // ----- submission --------------------------------------------------------------------------------
+
+    /// Submits to a freshly resident child; if that fails, tears it down (it was never
+    /// announced, so no notice is sent) and reports the failure.
+    pub(super) async fn submit_to_new_activation(
+        &self,
+        activation: &Arc<Activation>,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        parent: &Arc<Agent>,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        match self.submit_admitted(activation, content, source, parent, cancel) {
+            Ok(id) => Ok(id),
+            Err(error) => {
+                let _ = wait(self.open_disposal(activation)).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The synchronous acceptance of a message by a resident child.
+    pub(super) fn submit_admitted(
+        &self,
+        activation: &Arc<Activation>,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        parent: &Arc<Agent>,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                format!(
+                    "the message to subagent {} was cancelled before it was accepted",
+                    activation.child()
+                ),
+            ));
+        }
+        self.assert_admitting(parent)?;
+        if activation.is_closing() {
+            return Err(SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!(
+                    "subagent {} is being torn down; the message was not accepted",
+                    activation.child()
+                ),
+            ));
+        }
+        self.authorize_lineage(parent, activation.child(), activation.agent.header().parent)?;
+        self.continuation()
+            .acquire_ownership(parent, activation.child())?;
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content,
+            source,
+        };
+        let id = message.id;
+        let agent = activation.agent.clone();
+        admit_waking(activation, id, || agent.followup(message))?;
+        lock(&activation.st).announced = true;
+        Ok(id)
+    }
+
+    /// Sends `message` to `parent` with `send`; when `parent` is itself resident, the message
+    /// counts as accepted work so it is not judged settled before claiming it.
+    pub(super) fn send_waking(
+        &self,
+        parent: &Arc<Agent>,
+        id: MessageId,
+        send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
+    ) -> Result<(), SubagentError> {
+        match self.continuation().activation(parent.id()) {
+            Some(owner) if Arc::ptr_eq(&owner.agent, parent) => admit_waking(&owner, id, send),
+            _ => send().map_err(|e| SubagentError::agent(parent.id(), e)),
+        }
+    }
+
+    // ----- follow-ups and cold resume ----------------------------------------------------------------
+
+    /// Delivers `content` to `child` as its next turn, on behalf of its exact live parent
+    /// `parent`. A running child queues it in the same activation; a waiting one is woken in the
+    /// same activation; a child that is not resident is resumed from its log first. Resolves
+    /// once the child's inbox has accepted it; `cancel` covers only the work before that: when it
+    /// fires first, at any step of a cold resume included, the follow-up is refused
+    /// (`CANCELLED`) with the cancellation's cause ([`SubagentError::cancel_cause`]) and nothing
+    /// reaches the child.
+    pub async fn followup(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        self.assert_admitting(parent)?;
+        let not_accepted = || followup_cancelled(child, cancel);
+        loop {
+            {
+                // The caller's cancellation ends the wait for the child's lock and for a
+                // teardown in progress: nothing has been accepted yet.
+                let _guard = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(not_accepted()),
+                    guard = self.child_lock(child) => guard,
+                };
+                match self.continuation().activation(child) {
+                    None => {
+                        let resumed = self
+                            .cold_resume(parent, child, content, source, cancel)
+                            .await;
+                        return as_followup(resumed, child, cancel);
+                    }
+                    Some(activation) => {
+                        let disposal = lock(&activation.st).disposal.clone();
+                        match disposal {
+                            // Lost the race with the final teardown: wait for it, then resume.
+                            Some(disposal) => {
+                                tokio::select! {
+                                    biased;
+                                    _ = cancel.cancelled() => return Err(not_accepted()),
+                                    _ = wait(disposal) => {}
+                                }
+                            }
+                            None => {
+                                let submitted = self.submit_admitted(
+                                    &activation,
+                                    content,
+                                    source,
+                                    parent,
+                                    cancel,
+                                );
+                                return as_followup(submitted, child, cancel);
+                            }
+                        }
+                    }
+                }
+            }
+            self.assert_admitting(parent)?;
+            if cancel.is_cancelled() {
+                return Err(not_accepted());
+            }
+        }
+    }
+
+    /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
+    /// the child's model endpoint, model, persona and tool filter come from its descriptor, its
+    /// token limit, depth and policy from its own events.
+    pub(super) async fn cold_resume(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        let store = self.agents().store().clone();
+        self.cold_resume_from(parent, child, content, source, cancel, move || {
+            store.inspect(child).map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    /// [`Self::cold_resume`] with the store inspection `inspect`, run on a blocking thread. The
+    /// caller's cancellation is honoured before the inspection starts, while it runs (the
+    /// resume does not wait for it) and once it returns.
+    pub(super) async fn cold_resume_from(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        cancel: &Cancellation,
+        inspect: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(followup_cancelled(child, cancel));
+        }
+        let read = tokio::task::spawn_blocking(inspect);
+        let inspected = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(followup_cancelled(child, cancel)),
+            done = read => done.map_err(|e| e.to_string()).and_then(|r| r),
+        };
+        if cancel.is_cancelled() {
+            return Err(followup_cancelled(child, cancel));
+        }
+        let unavailable = |reason: String| {
+            SubagentError::new(
+                ErrorCode::NotResumable,
+                format!("subagent {child} is unavailable: {reason}"),
+            )
+        };
+        let loaded = inspected.map_err(unavailable)?;
+        self.assert_admitting(parent)?;
+        self.authorize_lineage(parent, child, loaded.header.parent)?;
+        let descriptor = match fold_descriptor(&loaded.events) {
+            Some(d) if let Err(problem) = lineage_log::check_descriptor(d) => {
+                return Err(SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!(
+                        "subagent {child} cannot be resumed: its stored subagent descriptor \
+                         breaks the descriptor contract ({problem}); do not send it messages again"
+                    ),
+                ));
+            }
+            Some(d) if d.mode == DescriptorMode::Continuable => d.clone(),
+            _ => {
+                return Err(SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!(
+                        "subagent {child} has no continuation state and cannot be resumed; do not \
+                         send it messages again"
+                    ),
+                ));
+            }
+        };
+        let options = AgentOptions {
+            endpoint: descriptor.endpoint.clone(),
+            model: descriptor.model.clone(),
+            max_tokens: birth::recorded_max_tokens(child, &loaded.events)?,
+            // The stored lineage is the floor; the runtime asks for nothing more.
+            subagent_depth: 0,
+        };
+        let activation = self
+            .activate(
+                parent,
+                child,
+                ActivationPlan {
+                    descriptor,
+                    options,
+                    birth: None,
+                },
+                cancel,
+            )
+            .await?;
+        self.submit_to_new_activation(&activation, content, source, parent, cancel)
+            .await
+    }
+
+    // ----- interrupt and report ----------------------------------------------------------------------
+
+    /// Cancels the current turn of the resident child `target`, keeping its queued work parked
+    /// until the next waking send; its own children keep running. A target that is not resident
+    /// (unknown, one-shot, settled, being torn down) is an accepted no-op. Refused
+    /// (`UNAUTHORIZED`) for a stale or self-targeting ancestor (before the target is looked up),
+    /// and for a caller that is not the target's parent (user) or live ancestor (agent).
+    pub fn interrupt(&self, target: SessionId, authority: &Authority) -> Result<(), SubagentError> {
+        if let Authority::Ancestor(agent) = authority {
+            if !self.agents().is_live(agent) {
+                return Err(unauthorized(format!(
+                    "interrupting {target} requires the exact live ancestor agent"
+                )));
+            }
+            if agent.id() == target {
+                return Err(unauthorized(format!(
+                    "agent {target} cannot interrupt itself"
+                )));
+            }
+        }
+        let Some(activation) = self.continuation().activation(target) else {
+            return Ok(());
+        };
+        let cause = match authority {
+            Authority::User { parent } => {
+                if activation.agent.header().parent != Some(*parent) {
+                    return Err(unauthorized(format!(
+                        "subagent {target} belongs to another parent session"
+                    )));
+                }
+                AbortCause::User
+            }
+            Authority::Ancestor(agent) => {
+                if !activation.in_ancestry(agent) {
+                    return Err(unauthorized(format!(
+                        "subagent {target} is not a live descendant of agent {}",
+                        agent.id()
+                    )));
+                }
+                AbortCause::Parent
+            }
+        };
+        if activation.is_closing() {
+            return Ok(());
+        }
+        activation
+            .agent
+            .cancel(cause, Queued::Keep)
+            .map_err(|e| SubagentError::agent(target, e))
+    }
+
+    /// Delivers `content` from the continuable child `child` (the exact live agent of a resident
+    /// activation) to its direct parent, marked as the child's report. Reporting never ends
+    /// the child's turn.
+    pub fn report(
+        &self,
+        child: &Arc<Agent>,
+        content: Vec<ContentBlock>,
+        delivery: ReportDelivery,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        if cancel.is_cancelled() {
+            return Err(SubagentError::new(
+                ErrorCode::Cancelled,
+                format!("the report of {} was cancelled", child.id()),
+            ));
+        }
+        self.assert_admitting(child)?;
+        let activation = self
+            .continuation()
+            .activation(child.id())
+            .filter(|a| Arc::ptr_eq(&a.agent, child))
+            .ok_or_else(|| {
+                unauthorized(format!(
+                    "agent {} is not a live continuable subagent and cannot report",
+                    child.id()
+                ))
+            })?;
+        if activation.is_closing() {
+            return Err(SubagentError::new(
+                ErrorCode::ActivationClosing,
+                format!(
+                    "subagent {} is being torn down; the report was not delivered",
+                    child.id()
+                ),
+            ));
+        }
+        let parent_unavailable = || {
+            SubagentError::new(
+                ErrorCode::ParentUnavailable,
+                format!(
+                    "the direct parent of {} is not live; the report was not delivered",
+                    child.id()
+                ),
+            )
+        };
+        let parent = child
+            .header()
+            .parent
+            .and_then(|p| self.agents().get(p))
+            .ok_or_else(parent_unavailable)?;
+        let mut blocks = vec![ContentBlock::text(format!(
+            "Background subagent {} reports:",
+            child.id()
+        ))];
+        blocks.extend(content);
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content: blocks,
+            source: MessageSource::SubagentReport { sender: child.id() },
+        };
+        let id = message.id;
+        let sent = match delivery {
+            ReportDelivery::NextStep => {
+                let recipient = parent.clone();
+                self.send_waking(&parent, id, move || recipient.steer(message))
+            }
+            ReportDelivery::Quiet => parent
+                .inject(message)
+                .map_err(|e| SubagentError::agent(parent.id(), e)),
+        };
+        sent.map_err(|e| parent_unavailable().with_source(e))?;
+        Ok(id)
+    }
+}
+
+/// Counts `id` as accepted waking work of `activation` before `send` runs, so the activation
+/// cannot be judged settled in between; undoes it if `send` fails.
+pub(super) fn admit_waking(
+    activation: &Arc<Activation>,
+    id: MessageId,
+    send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
+) -> Result<(), SubagentError> {
+    lock(&activation.st).accepted.insert(id);
+    if let Err(error) = send() {
+        lock(&activation.st).accepted.remove(&id);
+        return Err(SubagentError::agent(activation.agent.id(), error));
+    }
+    activation.poke();
+    Ok(())
+}
+
+/// The refusal of a follow-up to `child` that `cancel` stopped before the child accepted it,
+/// carrying the cancellation's cause.
+pub(super) fn followup_cancelled(child: SessionId, cancel: &Cancellation) -> SubagentError {
+    let by = cancel.cause().map(|cause| CancelledBy { cause });
+    let how = by
+        .as_ref()
+        .map_or_else(|| "cancelled".to_owned(), ToString::to_string);
+    let error = SubagentError::new(
+        ErrorCode::Cancelled,
+        format!("the follow-up to subagent {child} was {how} before the child accepted it"),
+    );
+    match by {
+        Some(by) => error.with_source(by),
+        None => error,
+    }
+}
+
+/// A follow-up's outcome: a refusal that the caller's cancellation caused (whichever step
+/// noticed it) is reported as the follow-up's cancellation, with its cause.
+pub(super) fn as_followup(
+    outcome: Result<MessageId, SubagentError>,
+    child: SessionId,
+    cancel: &Cancellation,
+) -> Result<MessageId, SubagentError> {
+    match outcome {
+        Err(error) if error.code() == ErrorCode::Cancelled && cancel.is_cancelled() => {
+            Err(followup_cancelled(child, cancel))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod cold_resume_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use lineage_agent::{AgentSpec, Agents, CreateAgent, ScriptedModel};
+    use lineage_store::Store;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_inspection_of_a_cold_resume_honours_the_cancellation_around_and_during_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = Store::open(dir.path().join("agents.lineage")).expect("the store opens");
+        let agents = Agents::new(store, ScriptedModel::new([]));
+        let runtime = SubagentRuntime::new(agents.clone());
+        let parent = agents
+            .create(CreateAgent::fresh(AgentSpec::default()))
+            .await
+            .expect("the parent is created");
+        let child = SessionId::new();
+        let resume =
+            |cancel: Cancellation, inspect: Box<dyn FnOnce() -> Result<Loaded, String> + Send>| {
+                let (runtime, parent) = (runtime.clone(), parent.clone());
+                async move {
+                    let content = vec![ContentBlock::text("again")];
+                    let source = MessageSource::Coordinator {
+                        sender: parent.id(),
+                    };
+                    runtime
+                        .cold_resume_from(&parent, child, content, source, &cancel, inspect)
+                        .await
+                }
+            };
+        let expect_cancelled = |outcome: Result<MessageId, SubagentError>, cause: AbortCause| {
+            let error = outcome.expect_err("a cancelled resume is refused");
+            assert_eq!(error.code(), ErrorCode::Cancelled, "{error}");
+            assert_eq!(error.cancel_cause(), Some(&cause), "{error}");
+            assert!(error.to_string().contains("follow-up"), "{error}");
+        };
+
+        // Cancelled before: the store is not read.
+        let reads = Arc::new(AtomicUsize::new(0));
+        let cancel = Cancellation::new();
+        cancel.cancel(AbortCause::Parent);
+        let counted = reads.clone();
+        let outcome = resume(
+            cancel,
+            Box::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Err("unread".into())
+            }),
+        )
+        .await;
+        expect_cancelled(outcome, AbortCause::Parent);
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+
+        // Cancelled during a read that then fails: the cancellation, not the read, is reported.
+        let cancel = Cancellation::new();
+        let fire = cancel.clone();
+        let outcome = resume(
+            cancel,
+            Box::new(move || {
+                fire.cancel(AbortCause::User);
+                Err("the session is not stored".into())
+            }),
+        )
+        .await;
+        expect_cancelled(outcome, AbortCause::User);
+
+        // Cancelled while the read is held up: the resume does not wait for it.
+        let cancel = Cancellation::new();
+        let fire = cancel.clone();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let resuming = resume(
+            cancel,
+            Box::new(move || {
+                fire.cancel(AbortCause::Disposed);
+                let _ = held.recv();
+                Err("released".into())
+            }),
+        );
+        // Only a resume that waits for the held read runs into this bound.
+        let bound = std::time::Duration::from_secs(10);
+        let Ok(outcome) = tokio::time::timeout(bound, resuming).await else {
+            let _ = release.send(());
+            panic!("the resume waited for a read its cancellation had overtaken");
+        };
+        expect_cancelled(outcome, AbortCause::Disposed);
+        release.send(()).expect("the held read is released");
+    }
+}

@@ -1,0 +1,293 @@
+//! The continuation manager: continuable children that live on between turns of their parent.
+//!
+//! [`Continuation`] owns the manager's state: the resident activations, the activations being
+//! made resident, the closing scopes of drains, and one lock per child. Its operations are split
+//! by what they do:
+//!
+//! | module | operations |
+//! |---|---|
+//! | [`admission`] | who may do what: draining, closing scopes, the exact live parent, fresh ids |
+//! | [`activation`] | `start_continuable`, and making a child resident (created or resumed) or rolling it back |
+//! | [`delivery`] | follow-ups and cold resume, interrupts, reports |
+//! | [`teardown`] | the settlement watcher, teardown children first, the settlement notice |
+//! | [`drain`] | `drain`, `drain_descendants`, `drain_children` |
+//!
+//! # Residency
+//!
+//! A child is *resident* while it has an [`Activation`]: at most one per child session, holding
+//! the live agent. A resident child moves one way through these states:
+//!
+//! - *running* while its agent runs or a waking message it accepted is not yet claimed,
+//! - *waiting* while it is quiescent but owns resident children of its own,
+//! - *settled* otherwise, and then it is *torn down*, children first: cancel, wait, capture what
+//!   the epoch produced, dispose of the agent (its final flush included), forget the activation,
+//!   send the parent the settlement notice, release the parent's ownership, emit `subagent/end`.
+//!
+//! A waiting child that accepts a follow-up is running again in the same activation; once its
+//! teardown has opened (the admission cutoff) nothing is accepted, and a later follow-up resumes
+//! the child from its log alone ("cold resume"): its descriptor, depth and policy are folded from
+//! its own events and no provider is consulted.
+//!
+//! # Locks
+//!
+//! Taken in this order, never the other way round; a later lock is never held across an
+//! `.await`:
+//!
+//! 1. the per-child lock (a `tokio` mutex from `locks`, held across awaits by one operation on
+//!    one child: start, each follow-up, each settlement decision, in the order they asked);
+//!    different children never wait for each other, and no operation holds two child locks;
+//! 2. `Continuation::state` (std mutex, short sections only);
+//! 3. an activation's `st` (std mutex, short sections only); `state` is released before several
+//!    activations' `st` are taken one after another.
+//!
+//! A teardown that fails (a child's teardown, or the agent's disposal: a failed final flush)
+//! still runs to its end; the epoch then counts as failed (`error`, the "failed" notice) and the
+//! teardown reports `ACTIVATION_TEARDOWN_FAILED`. Failures of best-effort work (a teardown, an
+//! undelivered notice, a failed cancel) are also reported to the registry's watchers as
+//! diagnostics. The notice goes out before ownership is released, so a parent waiting on its
+//! children can never be judged settled with a notice still to come.
+
+mod activation;
+mod admission;
+mod delivery;
+mod drain;
+mod request;
+mod teardown;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+
+use lineage_agent::{Agent, AgentStatus};
+use lineage_log::{MessageId, SessionId};
+use tokio::sync::{OwnedMutexGuard, watch};
+
+pub use request::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
+
+use crate::lifecycle::RunInfo;
+use crate::{ErrorCode, SubagentError, SubagentRuntime, lock};
+
+/// A teardown's outcome, once it has one.
+type Disposal = watch::Receiver<Option<Result<(), SubagentError>>>;
+
+/// The manager's state, inside the runtime.
+#[derive(Default)]
+pub(crate) struct Continuation {
+    state: Mutex<State>,
+    /// One lock per child with operations in flight (removed when nobody holds or waits on it).
+    locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+#[derive(Default)]
+struct State {
+    activations: HashMap<SessionId, Arc<Activation>>,
+    /// Creations and resumes under way, with the live lineage of their parent, until the
+    /// activation is resident or rolled back.
+    pending: HashMap<u64, PendingActivation>,
+    next_pending: u64,
+    /// Subtrees closed by `drain_descendants`: admission is refused below each root until that
+    /// exact root is no longer live.
+    closing: Vec<ClosingScope>,
+    /// Set by `drain`, never cleared.
+    draining: bool,
+}
+
+struct PendingActivation {
+    lineage: Vec<Arc<Agent>>,
+    settled: watch::Receiver<bool>,
+}
+
+struct ClosingScope {
+    root: Arc<Agent>,
+    members: Vec<Arc<Agent>>,
+}
+
+/// One residency epoch of a continuable child.
+pub(crate) struct Activation {
+    agent: Arc<Agent>,
+    /// The child and the live lineage of its parent when it became resident: who may interrupt.
+    ancestry: Vec<Weak<Agent>>,
+    /// This epoch's identity in lifecycle events; its `parent` is the durable direct parent.
+    run: RunInfo,
+    /// Where this epoch's own events start.
+    boundary: usize,
+    /// The child's delegation depth: deeper than every ancestor's, so teardowns opened in this
+    /// order cancel parents before children.
+    depth: u32,
+    st: Mutex<ActivationState>,
+    /// Bumped on every change the settlement watcher must look at.
+    poke: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct ActivationState {
+    /// Resident children this one owns; while any remain, it cannot settle.
+    owned: HashSet<SessionId>,
+    /// Waking messages accepted and not yet claimed or discarded.
+    accepted: HashSet<MessageId>,
+    /// Whether a delivery was ever accepted (the caller was told the child exists).
+    announced: bool,
+    /// Set once teardown begins: the admission cutoff.
+    disposal: Option<Disposal>,
+}
+
+impl Activation {
+    fn child(&self) -> SessionId {
+        self.run.child
+    }
+
+    fn poke(&self) {
+        self.poke.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn is_closing(&self) -> bool {
+        lock(&self.st).disposal.is_some()
+    }
+
+    fn in_ancestry(&self, agent: &Arc<Agent>) -> bool {
+        self.ancestry
+            .iter()
+            .any(|w| w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, agent)))
+    }
+
+    fn residency(&self) -> Residency {
+        let mut st = lock(&self.st);
+        st.accepted.retain(|id| self.agent.is_pending(*id));
+        if self.agent.status() == AgentStatus::Running || !st.accepted.is_empty() {
+            Residency::Running
+        } else if !st.owned.is_empty() {
+            Residency::Waiting
+        } else {
+            Residency::Settled
+        }
+    }
+}
+
+/// Where a resident child stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Residency {
+    Running,
+    Waiting,
+    Settled,
+}
+
+/// Held while an operation on one child runs.
+struct ChildGuard {
+    guard: Option<OwnedMutexGuard<()>>,
+    child: SessionId,
+    runtime: SubagentRuntime,
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = lock(&self.runtime.continuation().locks);
+        if locks
+            .get(&self.child)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            locks.remove(&self.child);
+        }
+    }
+}
+
+fn unauthorized(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::Unauthorized, message)
+}
+
+fn teardown_failed(message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::ActivationTeardownFailed, message)
+}
+
+impl Continuation {
+    /// The resident activation of `child`, if any (being torn down included).
+    fn activation(&self, child: SessionId) -> Option<Arc<Activation>> {
+        lock(&self.state).activations.get(&child).cloned()
+    }
+
+    /// Every resident activation.
+    fn activations(&self) -> Vec<Arc<Activation>> {
+        lock(&self.state).activations.values().cloned().collect()
+    }
+
+    /// Makes `activation` the resident one of its child.
+    fn publish(&self, activation: Arc<Activation>) {
+        lock(&self.state)
+            .activations
+            .insert(activation.child(), activation);
+    }
+
+    /// Forgets `activation`, unless another activation of its child has replaced it.
+    fn forget(&self, activation: &Arc<Activation>) {
+        let mut st = lock(&self.state);
+        if st
+            .activations
+            .get(&activation.child())
+            .is_some_and(|a| Arc::ptr_eq(a, activation))
+        {
+            st.activations.remove(&activation.child());
+        }
+    }
+
+    /// Records that `parent` owns `child`, when `parent` is itself resident; refused while the
+    /// parent's own teardown is open.
+    fn acquire_ownership(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+    ) -> Result<(), SubagentError> {
+        if let Some(owner) = self.activation(parent.id()) {
+            let mut st = lock(&owner.st);
+            if st.disposal.is_some() {
+                return Err(SubagentError::new(
+                    ErrorCode::ActivationClosing,
+                    format!(
+                        "subagent parent {} is being disposed; the child was not established",
+                        parent.id()
+                    ),
+                ));
+            }
+            st.owned.insert(child);
+        }
+        Ok(())
+    }
+
+    /// Releases every resident activation's ownership of `child`, poking the owners.
+    fn release_ownership(&self, child: SessionId) {
+        for owner in self.activations() {
+            if lock(&owner.st).owned.remove(&child) {
+                owner.poke();
+            }
+        }
+    }
+
+    /// The activations no other resident activation owns.
+    fn roots(&self) -> Vec<Arc<Activation>> {
+        let activations = self.activations();
+        let owned: HashSet<SessionId> = activations
+            .iter()
+            .flat_map(|a| lock(&a.st).owned.iter().copied().collect::<Vec<_>>())
+            .collect();
+        activations
+            .into_iter()
+            .filter(|a| !owned.contains(&a.child()))
+            .collect()
+    }
+}
+
+impl SubagentRuntime {
+    /// The children resident now (running, waiting, or being torn down).
+    pub fn resident(&self) -> Vec<SessionId> {
+        lock(&self.continuation().state)
+            .activations
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Whether `child` has a resident activation (running or waiting).
+    pub fn is_resident(&self, child: SessionId) -> bool {
+        self.continuation()
+            .activation(child)
+            .is_some_and(|a| !a.is_closing())
+    }
+}

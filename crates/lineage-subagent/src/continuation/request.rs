@@ -1,0 +1,96 @@
+//! The public requests and answers of the continuation manager.
+
+use std::sync::Arc;
+
+use lineage_agent::{Agent, Cancellation, Hooks};
+use lineage_log::{ContentBlock, MessageId, SessionId, Text, ToolFilter};
+
+use crate::ChildOptions;
+
+/// A request to start a continuable child.
+#[derive(Clone)]
+pub struct ContinuableRequest {
+    /// The delegating agent: the exact live `Arc`.
+    pub parent: Arc<Agent>,
+    /// The first task.
+    pub prompt: Vec<ContentBlock>,
+    /// A label for people and for `list_agents`.
+    pub label: Text,
+    /// An id the caller reserved for the child; a fresh one when `None`.
+    pub child: Option<SessionId>,
+    /// Covers only the work before the prompt is accepted.
+    pub cancel: Cancellation,
+    /// Model options for the child.
+    pub agent_options: ChildOptions,
+    /// The deepest delegation depth the child may have.
+    pub max_depth: Option<u32>,
+    /// Which of the parent's tools the child may use.
+    pub tool_filter: Option<ToolFilter>,
+    /// A persona for the child.
+    pub persona: Option<Text>,
+    /// Turn-loop hooks for the child (a pre-step that may refuse its turns), applied at every
+    /// activation in this process, cold resumes included, before those of setup contributions.
+    /// They live in memory: after a restart, a setup contribution gives a resumed child its hooks.
+    pub hooks: Option<Arc<dyn Hooks>>,
+}
+
+impl ContinuableRequest {
+    /// A request from `parent` to start a child labelled `label` on `prompt`.
+    pub fn new(parent: Arc<Agent>, label: impl Into<Text>, prompt: impl Into<Text>) -> Self {
+        ContinuableRequest {
+            parent,
+            prompt: vec![ContentBlock::text(prompt)],
+            label: label.into(),
+            child: None,
+            cancel: Cancellation::new(),
+            agent_options: ChildOptions::default(),
+            max_depth: None,
+            tool_filter: None,
+            persona: None,
+            hooks: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ContinuableRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContinuableRequest")
+            .field("parent", &self.parent.id())
+            .field("label", &self.label)
+            .field("child", &self.child)
+            .field("hooks", &self.hooks.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A continuable child whose first prompt was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContinuableStarted {
+    /// The child's durable id.
+    pub child: SessionId,
+    /// The id of the accepted prompt.
+    pub message: MessageId,
+}
+
+/// Who asks for an interrupt.
+#[derive(Clone, Debug)]
+pub enum Authority {
+    /// The user, on behalf of the durable parent session `parent`: allowed for that parent's
+    /// direct children.
+    User {
+        /// The parent session.
+        parent: SessionId,
+    },
+    /// An agent: allowed for its live descendants, when it is the exact live agent.
+    Ancestor(Arc<Agent>),
+}
+
+/// How a child's report reaches its parent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReportDelivery {
+    /// At the parent's next step, waking it when idle (a steer).
+    #[default]
+    NextStep,
+    /// Into the parent's next step without waking it (an inject).
+    Quiet,
+}

@@ -1,0 +1,256 @@
+//! Settlement and teardown: the settlement watcher, teardown children first, the notice.
+
+use lineage_agent::{DiagnosticKind, Queued};
+use lineage_log::{AbortCause, ContentBlock, Message, MessageSource, Role};
+
+use super::*;
+use crate::StopReason;
+use crate::lifecycle::Lifecycle;
+use crate::outcome::{bound_summary, closing_message, epoch_stop_reason, settlement_summary};
+
+/// What a continuable child's epoch ended with, for the notice and `subagent/end`.
+pub(super) struct Terminal {
+    stop_reason: StopReason,
+    /// The closing message's blocks (see [`closing_message`]); empty when there is none.
+    output: Vec<ContentBlock>,
+}
+
+impl SubagentRuntime {
+    // ----- settlement and teardown --------------------------------------------------------------------
+
+    /// Waits until the activation settles, then tears it down. It looks again whenever the
+    /// agent goes idle, its status or inbox changes (a claim or a discard settles accepted
+    /// work), or the manager pokes it (ownership released, work admitted).
+    pub(super) async fn watch_settlement(self, activation: Arc<Activation>) {
+        let mut poked = activation.poke.subscribe();
+        let mut changed = activation.agent.changes();
+        loop {
+            poked.borrow_and_update();
+            changed.borrow_and_update();
+            if activation.is_closing() {
+                return;
+            }
+            tokio::select! {
+                () = activation.agent.when_idle() => {}
+                _ = poked.changed() => {}
+                _ = changed.changed() => {}
+            }
+            let disposal = {
+                let _guard = self.child_lock(activation.child()).await;
+                if activation.is_closing() {
+                    return;
+                }
+                match activation.residency() {
+                    Residency::Settled => Some(self.open_disposal(&activation)),
+                    Residency::Running | Residency::Waiting => None,
+                }
+            };
+            match disposal {
+                Some(disposal) => {
+                    // A failure is reported by the teardown itself.
+                    let _ = wait(disposal).await;
+                    return;
+                }
+                None => {
+                    if activation.agent.status() != AgentStatus::Running {
+                        tokio::select! {
+                            _ = poked.changed() => {}
+                            _ = changed.changed() => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens the teardown of `activation` (once; later calls share it): the admission cutoff
+    /// and the cancellations happen now, in one synchronous span, this child's before those of
+    /// the children it owns; the rest runs on its own task (where children finish first).
+    pub(super) fn open_disposal(&self, activation: &Arc<Activation>) -> Disposal {
+        let (tx, rx) = {
+            let mut st = lock(&activation.st);
+            if let Some(disposal) = &st.disposal {
+                return disposal.clone();
+            }
+            let (tx, rx) = watch::channel(None);
+            st.disposal = Some(rx.clone());
+            (tx, rx)
+        };
+        activation.poke();
+        if let Err(error) = activation.agent.cancel(AbortCause::Parent, Queued::Discard) {
+            self.diagnose(
+                activation.child(),
+                DiagnosticKind::CancelFailed,
+                format!("cancelling the settled child failed: {error}"),
+            );
+        }
+        let owned: Vec<SessionId> = lock(&activation.st).owned.iter().copied().collect();
+        let children: Vec<Disposal> = owned
+            .into_iter()
+            .filter_map(|id| {
+                self.continuation()
+                    .activation(id)
+                    .map(|a| self.open_disposal(&a))
+            })
+            .collect();
+        let runtime = self.clone();
+        let activation = activation.clone();
+        tokio::spawn(async move {
+            let outcome = runtime.finish_disposal(&activation, children).await;
+            tx.send_replace(Some(outcome));
+        });
+        rx
+    }
+
+    /// The rest of a teardown, in order: the children's teardowns, quiescence, the epoch's
+    /// terminal facts, disposal of the agent (its final flush included), the activation
+    /// forgotten, the notice, ownership released, `subagent/end`. A child's failed teardown or
+    /// a failed disposal of the agent fails this one (the epoch then counts as failed), and it is
+    /// still carried through to the end, then reported to the registry's watchers.
+    pub(super) async fn finish_disposal(
+        &self,
+        activation: &Arc<Activation>,
+        children: Vec<Disposal>,
+    ) -> Result<(), SubagentError> {
+        let id = activation.child();
+        let mut failures = Vec::new();
+        if let Err(error) = aggregate(children, "child activation(s)").await {
+            failures.push(format!("child teardown failed: {error}"));
+        }
+        activation.agent.when_idle().await;
+        let terminal = activation.agent.with_events(|events| {
+            let own = &events[activation.boundary.min(events.len())..];
+            Terminal {
+                stop_reason: epoch_stop_reason(own),
+                output: closing_message(own),
+            }
+        });
+        if let Err(error) = activation.agent.try_dispose().await {
+            failures.push(format!("its agent's disposal failed: {error}"));
+        }
+        let failure = match failures.as_slice() {
+            [] => None,
+            [one] => Some(teardown_failed(format!("subagent {id}: {one}"))),
+            many => Some(teardown_failed(format!(
+                "subagent {id}: teardown failed at {} boundaries: {}",
+                many.len(),
+                many.join("; ")
+            ))),
+        };
+        self.continuation().forget(activation);
+        let terminal = match &failure {
+            Some(_) => Terminal {
+                stop_reason: StopReason::Error,
+                output: Vec::new(),
+            },
+            None => terminal,
+        };
+        self.notify_settlement(activation, &terminal);
+        self.continuation().release_ownership(id);
+        self.emit(&Lifecycle::End {
+            info: activation.run.clone(),
+            stop_reason: terminal.stop_reason,
+            last_assistant_message: (!terminal.output.is_empty()).then_some(terminal.output),
+        });
+        match failure {
+            Some(error) => {
+                self.diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
+                Err(error)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the parent that the child settled, with its closing message. Sent only when the
+    /// child was announced and the parent is live; never fails the teardown.
+    pub(super) fn notify_settlement(&self, activation: &Arc<Activation>, terminal: &Terminal) {
+        if !lock(&activation.st).announced {
+            return;
+        }
+        let Some(parent) = self.agents().get(activation.run.parent) else {
+            return;
+        };
+        let child = activation.child();
+        let summary = settlement_summary(child, &terminal.stop_reason);
+        let mut content = vec![ContentBlock::text(summary.clone())];
+        if terminal.output.is_empty() {
+            content.push(ContentBlock::text("It left no closing message."));
+        } else {
+            content.push(ContentBlock::text("Its closing message:"));
+            content.extend(terminal.output.iter().cloned());
+        }
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content,
+            source: MessageSource::SubagentSettled {
+                sender: child,
+                summary: bound_summary(&summary).into(),
+            },
+        };
+        let id = message.id;
+        // A parent in teardown (its runtime or subtree draining, its own activation closing, or
+        // its agent being disposed) gets the notice quietly: waking it would start a turn its
+        // teardown then has to wait for.
+        let tearing_down = self.assert_admitting(&parent).is_err()
+            || parent.is_disposing()
+            || self
+                .continuation()
+                .activation(parent.id())
+                .is_some_and(|owner| Arc::ptr_eq(&owner.agent, &parent) && owner.is_closing());
+        let sent = if tearing_down {
+            parent
+                .inject(message)
+                .map_err(|e| SubagentError::agent(parent.id(), e))
+        } else {
+            let recipient = parent.clone();
+            self.send_waking(&parent, id, move || {
+                if recipient.status() == AgentStatus::Idle {
+                    recipient.followup(message)
+                } else {
+                    recipient.steer(message)
+                }
+            })
+        };
+        if let Err(error) = sent {
+            self.diagnose(
+                parent.id(),
+                DiagnosticKind::NoticeUndelivered,
+                format!("the settlement notice of subagent {child} was not delivered: {error}"),
+            );
+        }
+    }
+}
+
+/// Waits for a teardown's outcome.
+pub(super) async fn wait(mut disposal: Disposal) -> Result<(), SubagentError> {
+    match disposal.wait_for(Option::is_some).await.as_deref() {
+        Ok(Some(outcome)) => outcome.clone(),
+        // The sender is dropped without an outcome only if the teardown task panicked.
+        _ => Err(teardown_failed(
+            "an activation teardown stopped without an outcome".into(),
+        )),
+    }
+}
+
+/// Waits for every teardown and reports all failures together.
+pub(super) async fn aggregate(
+    disposals: Vec<Disposal>,
+    subject: &str,
+) -> Result<(), SubagentError> {
+    let mut failures = Vec::new();
+    for disposal in disposals {
+        if let Err(error) = wait(disposal).await {
+            failures.push(error.to_string());
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(teardown_failed(format!(
+            "continuable subagent teardown failed for {} {subject}: {}",
+            failures.len(),
+            failures.join("; ")
+        )))
+    }
+}

@@ -467,6 +467,8 @@ impl Agent {
 
     /// Resolves when the whole agent is quiescent: no driver runs, including drivers started to
     /// replace one that was winding down. Never fails.
+    ///
+    /// Cancel safety: safe to drop at any point; it only waits.
     pub async fn when_idle(&self) {
         let mut rx = self.idle.subscribe();
         // The sender lives in `self`, so the channel cannot close while this waits.
@@ -485,6 +487,9 @@ impl Agent {
     ///
     /// Must not be awaited from inside one of the agent's own turns (a tool of this agent): the
     /// disposal waits for that turn to end.
+    ///
+    /// Cancel safety: the disposal runs on its own task once started; dropping this future stops
+    /// only the wait, and a later call waits for the same disposal.
     pub async fn dispose(self: &Arc<Self>) {
         // The failure is already published as a diagnostic.
         let _ = self.try_dispose().await;
@@ -657,6 +662,9 @@ impl Agent {
     }
 
     /// Waits until everything the agent has appended is durable.
+    ///
+    /// Cancel safety: dropping the future stops only the wait; the flush completes in the store's
+    /// writer, and a later flush covers everything this one did.
     pub async fn flush(&self) -> Result<(), AgentError> {
         self.flush_store()
             .await

@@ -339,6 +339,10 @@ impl Agents {
     /// inbox replays. Then the seed and setup are written in one store transaction (a fork copies
     /// its prefix in that transaction), and only then is the agent published. A refusal leaves no
     /// agent and writes nothing; the id stays free.
+    ///
+    /// Cancel safety: dropping the future before it resolves publishes no agent and frees the id,
+    /// but a store write already started completes: the session may then be stored, and
+    /// [`Agents::resume`] (or [`lineage_store::Store::info`]) finds it.
     pub async fn create(&self, create: CreateAgent) -> Result<Arc<Agent>, AgentError> {
         let CreateAgent {
             header,
@@ -424,6 +428,10 @@ impl Agents {
     /// closed durably first: interrupted, with unanswered calls answered), replays its inbox and
     /// publishes it idle. Restored pending work does not run until a waking send; turn numbers
     /// and seqs continue from the log.
+    ///
+    /// Cancel safety: dropping the future publishes no agent and frees the id; a load already
+    /// started completes on its blocking thread, crash repair included, so the session is at worst
+    /// repaired, never half-repaired.
     pub async fn resume(&self, id: SessionId, spec: AgentSpec) -> Result<Arc<Agent>, AgentError> {
         let reservation = self.reserve(id)?;
         let (config, tools) = self.config(id, &spec)?;
@@ -446,6 +454,8 @@ impl Agents {
     }
 
     /// Disposes of the live agent `id` (see [`Agent::dispose`]). Returns whether one was live.
+    ///
+    /// Cancel safety: the disposal runs on its own task; dropping this future stops only the wait.
     pub async fn dispose(&self, id: SessionId) -> bool {
         match self.get(id) {
             Some(agent) => {

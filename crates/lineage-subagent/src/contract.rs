@@ -361,6 +361,9 @@ impl SubagentRun {
     }
 
     /// Waits for the run's outcome. Every caller gets the same outcome.
+    ///
+    /// Cancel safety: safe to drop; the run goes on and a later call gets the same result. To stop
+    /// the run, fire the start request's cancellation or call [`SubagentRun::dispose`].
     pub async fn result(&self) -> Result<SubagentResult, SubagentError> {
         let mut rx = self.inner.result.clone();
         let outcome = rx.wait_for(Option::is_some).await;
@@ -381,6 +384,9 @@ impl SubagentRun {
     /// Tears the run down: cancels the child if it is still working, waits for it and for the
     /// result, and releases it. Idempotent: every caller shares the first disposal and its
     /// outcome, which is the teardown's (a failed result is reported by [`Self::result`]).
+    ///
+    /// Cancel safety: once started, the disposal is shared by every caller; dropping this future
+    /// stops only the wait.
     pub async fn dispose(&self) -> Result<(), SubagentError> {
         let mut done = {
             let mut disposed = crate::lock(&self.inner.disposed);

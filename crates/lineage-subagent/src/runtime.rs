@@ -190,6 +190,10 @@ impl SubagentRuntime {
     ///
     /// `subagent/start` is emitted once the provider has started the run and `subagent/end`
     /// when its result is in.
+    ///
+    /// Cancel safety: fire `request.cancel` to give up. Dropping the future once the provider
+    /// has started the run leaves the run going with nobody holding its [`SubagentRun`] to
+    /// dispose of it.
     pub fn start(
         &self,
         provider: &str,

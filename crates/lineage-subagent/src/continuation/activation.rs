@@ -43,6 +43,11 @@ impl SubagentRuntime {
     /// (`UNSUPPORTED_CAPABILITY`). The parent's policy and the fork point are captured now too.
     /// Every failure before the prompt is accepted leaves no activation, no live child and no
     /// ownership; the cancellation covers only that part.
+    ///
+    /// Cancel safety: the checks above run when this is called, not when the future is first
+    /// polled. Fire `request.cancel` to give up before the prompt is accepted; dropping the future
+    /// instead may leave a child created and resident without its prompt, which then settles at once
+    /// (`completed`, no notice: it was never announced).
     pub fn start_continuable(
         &self,
         provider: &str,
@@ -175,12 +180,15 @@ impl SubagentRuntime {
             );
             ticket
         };
-        let result = self
-            .activate_tracked(parent, child, how, lineage, cancel)
-            .await;
-        lock(&self.continuation().state).pending.remove(&ticket);
-        settled_tx.send_replace(true);
-        result
+        // Untracked however this ends, the future dropped midway included, so a drain never
+        // waits for an activation nobody is making any more.
+        let _untrack = Untrack {
+            runtime: self,
+            ticket,
+            settled: settled_tx,
+        };
+        self.activate_tracked(parent, child, how, lineage, cancel)
+            .await
     }
 
     pub(super) async fn activate_tracked(
@@ -281,5 +289,22 @@ impl SubagentRuntime {
         self.continuation().forget(activation);
         self.continuation().release_ownership(activation.child());
         drop(tx);
+    }
+}
+
+/// Ends the tracking of an activation being made: removes its pending entry and tells the
+/// drains waiting on it.
+struct Untrack<'a> {
+    runtime: &'a SubagentRuntime,
+    ticket: u64,
+    settled: watch::Sender<bool>,
+}
+
+impl Drop for Untrack<'_> {
+    fn drop(&mut self) {
+        lock(&self.runtime.continuation().state)
+            .pending
+            .remove(&self.ticket);
+        self.settled.send_replace(true);
     }
 }

@@ -101,6 +101,11 @@ impl SubagentRuntime {
     /// fires first, at any step of a cold resume included, the follow-up is refused
     /// (`CANCELLED`) with the cancellation's cause ([`SubagentError::cancel_cause`]) and nothing
     /// reaches the child.
+    ///
+    /// Cancel safety: to give up, fire `cancel` rather than drop the future. Dropping it before it
+    /// resolves may leave the message accepted (the child then runs it) or not; a cold resume already
+    /// under way then completes and leaves the child resident, to settle and be torn down as usual.
+    /// With `cancel`, the answer says which: `CANCELLED` means the child never got the message.
     pub async fn followup(
         &self,
         parent: &Arc<Agent>,

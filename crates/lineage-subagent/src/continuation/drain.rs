@@ -9,6 +9,17 @@ impl SubagentRuntime {
     /// Closes admission for good and tears every resident child down: every cancellation fires
     /// at once, parents before children; each teardown then waits for its children's.
     /// Creations under way are awaited (they roll back).
+    ///
+    /// Cancel safety: admission is closed and every cancellation has fired by the first poll's
+    /// end; the teardowns run on their own tasks, so dropping this future stops only the wait.
+    ///
+    /// ```no_run
+    /// # async fn shut_down(runtime: lineage_subagent::SubagentRuntime) {
+    /// // A host's shutdown: children first, then every agent, then the store's last flush.
+    /// runtime.drain().await.ok();
+    /// runtime.agents().dispose_all().await;
+    /// # }
+    /// ```
     pub async fn drain(&self) -> Result<(), SubagentError> {
         let pending = {
             let mut st = lock(&self.continuation().state);

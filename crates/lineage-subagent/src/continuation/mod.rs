@@ -30,15 +30,17 @@
 //!
 //! # Locks
 //!
-//! Taken in this order, never the other way round; a later lock is never held across an
-//! `.await`:
+//! Taken in this order, never the other way round:
 //!
-//! 1. the per-child lock (a `tokio` mutex from `locks`, held across awaits by one operation on
-//!    one child: start, each follow-up, each settlement decision, in the order they asked);
-//!    different children never wait for each other, and no operation holds two child locks;
-//! 2. `Continuation::state` (std mutex, short sections only);
-//! 3. an activation's `st` (std mutex, short sections only); `state` is released before several
-//!    activations' `st` are taken one after another.
+//! 1. the per-child lock (a `tokio` mutex from `Continuation::locks`, held across awaits by one
+//!    operation on one child: a start, each follow-up, each settlement decision, in the order
+//!    they asked for it); different children never wait for each other, and no operation holds
+//!    two child locks;
+//! 2. `Continuation::state` (a std mutex, short sections, never across an `.await`);
+//! 3. an activation's `st` (a std mutex, short sections, never across an `.await`); `state` is
+//!    released before several activations' `st` are taken one after another;
+//! 4. the agent layer's own locks (the registry, an agent's state), which its calls take inside
+//!    2 or 3 (a liveness check, a status); the agent layer never calls back into the manager.
 //!
 //! A teardown that fails (a child's teardown, or the agent's disposal: a failed final flush)
 //! still runs to its end; the epoch then counts as failed (`error`, the "failed" notice) and the

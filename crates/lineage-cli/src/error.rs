@@ -5,7 +5,7 @@
 use std::io;
 use std::path::Path;
 
-use lineage_store::StoreError;
+use lineage_store::{EngineErrorKind, StoreError};
 
 /// Exit code: everything went well.
 pub const EXIT_OK: u8 = 0;
@@ -121,28 +121,25 @@ fn file_sentence(path: &Path, error: &StoreError) -> Option<String> {
         // The storage engine panicked on the file (the store contained it).
         StoreError::Damaged { .. } => damaged(path),
         StoreError::Closed => format!("cannot read {shown}: the store was closed while reading it"),
-        StoreError::Storage(engine) => match engine {
-            redb::Error::Io(e) => io_sentence(path, e),
-            redb::Error::Corrupted(_)
-            | redb::Error::TableDoesNotExist(_)
-            | redb::Error::TableTypeMismatch { .. }
-            | redb::Error::TableIsMultimap(_)
-            | redb::Error::TableIsNotMultimap(_)
-            | redb::Error::TypeDefinitionChanged { .. } => damaged(path),
-            redb::Error::PreviousIo => format!(
+        StoreError::Storage(engine) => match (engine.kind(), engine.io_error()) {
+            (EngineErrorKind::Io, Some(e)) => io_sentence(path, e),
+            (EngineErrorKind::Corrupted | EngineErrorKind::Poisoned, _) => damaged(path),
+            (EngineErrorKind::PreviousIo, _) => format!(
                 "{shown} cannot be read: an earlier read of the file failed (it is likely cut \
                  short or damaged)"
             ),
             // A read-only open reads such a file as its writer left it; this is what remains
             // when even that failed.
-            redb::Error::RepairAborted => format!(
+            (EngineErrorKind::AwaitsRecovery, _) => format!(
                 "{shown} awaits recovery by its next writer (a writer stopped without closing \
                  it), and reading it as that writer left it failed: open it once with a writer \
                  (for example by restarting its host), then try again"
             ),
-            redb::Error::DatabaseAlreadyOpen => {
+            (EngineErrorKind::AlreadyOpen, _) => {
                 format!("{shown} is already open for writing by another process or handle")
             }
+            // `Other`, and kinds added after this was written: the engine's own words stay
+            // unshown (see above), the failure is still named.
             _ => format!(
                 "cannot read {shown}: the storage layer failed on it (the file may be damaged)"
             ),

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::StorageBackend;
 
+use crate::error::{Engine, EngineError};
 use crate::store::{initialize, open_backend};
 use crate::{Result, StoreError};
 
@@ -70,7 +71,7 @@ fn temporary_file(path: &Path) -> io::Result<(PathBuf, File)> {
 }
 
 fn io_error(error: io::Error) -> StoreError {
-    StoreError::Storage(redb::Error::Io(error))
+    StoreError::Storage(EngineError::io(error))
 }
 
 /// Creates the store at `path`, which did not exist, through the backend `backend` makes of the
@@ -113,7 +114,7 @@ fn build<B: StorageBackend>(
     let handle = file.try_clone().map_err(io_error)?;
     let db = open_backend(backend(handle).map_err(io_error)?, cache_bytes)?;
     initialize(&db, Path::new("<new store>"))?;
-    db.close()?;
+    db.close().engine()?;
     file.sync_all().map_err(io_error)
 }
 

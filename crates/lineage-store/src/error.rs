@@ -1,5 +1,7 @@
 //! The store's error type.
 
+use std::io;
+use std::panic::Location;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -8,6 +10,7 @@ use lineage_log::{LogError, SessionId};
 /// Why a store operation failed. Every variant names the session, seq, path or field involved; a
 /// refused operation changes nothing in the store.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// No session with this id is stored (or created and not yet written).
     #[error("session {session} not found")]
@@ -194,11 +197,11 @@ pub enum StoreError {
     CommitFailed {
         /// What the storage engine said.
         #[source]
-        source: Arc<redb::Error>,
+        source: EngineError,
     },
-    /// The storage engine failed.
+    /// The storage engine failed ([`EngineError::kind`] says how).
     #[error("storage error: {0}")]
-    Storage(#[from] redb::Error),
+    Storage(EngineError),
 }
 
 impl StoreError {
@@ -243,23 +246,221 @@ impl StoreError {
     }
 }
 
-macro_rules! storage_from {
-    ($($ty:ty),*) => {
-        $(impl From<$ty> for StoreError {
-            fn from(e: $ty) -> Self {
-                StoreError::Storage(e.into())
+impl StoreError {
+    /// The storage engine's failure, when that is what this error is (a [`StoreError::Storage`]
+    /// or a [`StoreError::CommitFailed`]).
+    pub fn engine(&self) -> Option<&EngineError> {
+        match self {
+            StoreError::Storage(engine) | StoreError::CommitFailed { source: engine } => {
+                Some(engine)
             }
-        })*
-    };
+            _ => None,
+        }
+    }
 }
 
-storage_from!(
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+/// What kind of failure the storage engine reported, in Lineage's terms: what a caller may act
+/// on, independent of the engine's own error types. New kinds may be added; match the kinds you
+/// act on and treat the rest as a failure of the storage layer ([`EngineError`]'s `Display` says
+/// what it was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EngineErrorKind {
+    /// Reading or writing the file failed ([`EngineError::io_error`] is the operating system's or
+    /// the backend's error: a file cut short reads as [`io::ErrorKind::UnexpectedEof`], a page
+    /// the engine's checks reject as [`io::ErrorKind::InvalidData`]).
+    Io,
+    /// The file's storage structure is damaged: a page does not hold together, or a table is
+    /// missing or of the wrong type.
+    Corrupted,
+    /// An earlier I/O failure on this handle makes the engine refuse it until it is reopened (the
+    /// file is likely cut short or damaged).
+    PreviousIo,
+    /// A panic inside the engine earlier poisoned one of its locks: it refuses the handle from
+    /// then on (the file is likely damaged).
+    Poisoned,
+    /// The file awaits recovery by its next writer (a writer stopped without closing it), and
+    /// reading it as that writer left it failed.
+    AwaitsRecovery,
+    /// Another handle, in this process or another, has the file open for writing.
+    AlreadyOpen,
+    /// Any other failure of the storage layer.
+    Other,
+}
+
+/// A failure of the storage engine, converted to Lineage's own representation: its kind, and
+/// the engine's message. Cloning shares the I/O error, if any.
+#[derive(Clone, Debug)]
+pub struct EngineError {
+    kind: EngineErrorKind,
+    /// The engine's own description of the failure (its `Display`).
+    message: String,
+    io: Option<Arc<io::Error>>,
+    /// Where the poisoned lock was taken, for a [`EngineErrorKind::Poisoned`] failure.
+    poisoned_at: Option<&'static Location<'static>>,
+}
+
+impl EngineError {
+    /// What kind of failure it is.
+    pub fn kind(&self) -> EngineErrorKind {
+        self.kind
+    }
+
+    /// The I/O error underneath an [`EngineErrorKind::Io`] failure.
+    pub fn io_error(&self) -> Option<&io::Error> {
+        self.io.as_deref()
+    }
+
+    /// Where the poisoned lock was taken, for an [`EngineErrorKind::Poisoned`] failure.
+    pub(crate) fn poisoned_at(&self) -> Option<&'static Location<'static>> {
+        self.poisoned_at
+    }
+
+    /// An I/O failure outside the engine (creating the file, starting the writer thread), said
+    /// as the engine says its own.
+    pub(crate) fn io(error: io::Error) -> EngineError {
+        EngineError::from_engine(redb::Error::Io(error))
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The message already says what the I/O error does (the engine's own `Display` includes it), so
+/// it is not repeated as a source; [`EngineError::io_error`] gives it to a program.
+impl std::error::Error for EngineError {}
+
+impl EngineError {
+    /// The engine's `error` in Lineage's terms. A function, not a `From` impl: trait impls are
+    /// public API, and the engine's error types must not appear in the store's.
+    pub(crate) fn from_engine(error: redb::Error) -> EngineError {
+        let message = error.to_string();
+        let (kind, io, poisoned_at) = match error {
+            redb::Error::Io(e) => (EngineErrorKind::Io, Some(Arc::new(e)), None),
+            redb::Error::Corrupted(_)
+            | redb::Error::TableDoesNotExist(_)
+            | redb::Error::TableTypeMismatch { .. }
+            | redb::Error::TableIsMultimap(_)
+            | redb::Error::TableIsNotMultimap(_)
+            | redb::Error::TypeDefinitionChanged { .. } => (EngineErrorKind::Corrupted, None, None),
+            redb::Error::PreviousIo => (EngineErrorKind::PreviousIo, None, None),
+            redb::Error::LockPoisoned(at) => (EngineErrorKind::Poisoned, None, Some(at)),
+            redb::Error::RepairAborted => (EngineErrorKind::AwaitsRecovery, None, None),
+            redb::Error::DatabaseAlreadyOpen => (EngineErrorKind::AlreadyOpen, None, None),
+            _ => (EngineErrorKind::Other, None, None),
+        };
+        EngineError {
+            kind,
+            message,
+            io,
+            poisoned_at,
+        }
+    }
+}
+
+/// Converts a storage engine result to the store's, for `?` inside the crate. (A `From` impl of
+/// the engine's error types for [`StoreError`] would be public API.)
+pub(crate) trait Engine<T> {
+    /// The result, with an engine error as [`StoreError::Storage`].
+    fn engine(self) -> Result<T>;
+}
+
+impl<T, E: Into<redb::Error>> Engine<T> for std::result::Result<T, E> {
+    fn engine(self) -> Result<T> {
+        self.map_err(|e| StoreError::Storage(EngineError::from_engine(e.into())))
+    }
+}
 
 /// The store's result type.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of(error: redb::Error) -> EngineErrorKind {
+        EngineError::from_engine(error).kind()
+    }
+
+    #[test]
+    fn engine_failures_are_classified_in_lineage_terms_and_keep_the_engine_message() {
+        let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "short read");
+        let engine = EngineError::from_engine(redb::Error::Io(eof));
+        assert_eq!(engine.kind(), EngineErrorKind::Io);
+        assert_eq!(
+            engine.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::UnexpectedEof)
+        );
+        assert_eq!(engine.to_string(), "I/O error: short read");
+        // A clone shares the I/O error rather than losing it.
+        assert_eq!(
+            engine
+                .clone()
+                .io_error()
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("short read")
+        );
+
+        assert_eq!(
+            kind_of(redb::Error::Corrupted("bad page".into())),
+            EngineErrorKind::Corrupted
+        );
+        assert_eq!(
+            kind_of(redb::Error::TableDoesNotExist("lineage/events".into())),
+            EngineErrorKind::Corrupted
+        );
+        assert_eq!(
+            kind_of(redb::Error::PreviousIo),
+            EngineErrorKind::PreviousIo
+        );
+        assert_eq!(
+            kind_of(redb::Error::RepairAborted),
+            EngineErrorKind::AwaitsRecovery
+        );
+        assert_eq!(
+            kind_of(redb::Error::DatabaseAlreadyOpen),
+            EngineErrorKind::AlreadyOpen
+        );
+        assert_eq!(kind_of(redb::Error::DatabaseClosed), EngineErrorKind::Other);
+        assert!(
+            EngineError::from_engine(redb::Error::DatabaseClosed)
+                .io_error()
+                .is_none()
+        );
+
+        let at = Location::caller();
+        let poisoned = EngineError::from_engine(redb::Error::LockPoisoned(at));
+        assert_eq!(poisoned.kind(), EngineErrorKind::Poisoned);
+        assert_eq!(poisoned.poisoned_at(), Some(at));
+    }
+
+    #[test]
+    fn the_engine_error_of_a_store_error_is_reachable_and_worded_as_before() {
+        let failed: std::result::Result<(), redb::StorageError> =
+            Err(redb::StorageError::Corrupted("bad page".into()));
+        let error = failed.engine().unwrap_err();
+        assert!(matches!(error, StoreError::Storage(_)), "{error:?}");
+        assert_eq!(error.to_string(), "storage error: DB corrupted: bad page");
+        assert_eq!(
+            error.engine().map(EngineError::kind),
+            Some(EngineErrorKind::Corrupted)
+        );
+
+        let commit = StoreError::CommitFailed {
+            source: EngineError::io(io::Error::other("injected")),
+        };
+        assert_eq!(
+            commit.engine().map(EngineError::kind),
+            Some(EngineErrorKind::Io)
+        );
+        assert!(
+            std::error::Error::source(&commit)
+                .is_some_and(|s| s.to_string() == "I/O error: injected")
+        );
+        assert!(StoreError::Closed.engine().is_none());
+    }
+}

@@ -5,6 +5,7 @@ use lineage_log::{
     child_header, decode_record, origin_of, resolve_fork_boundary, setup_events,
 };
 
+use crate::error::Engine;
 use crate::layout::{Block, EVENTS, session_blocks};
 use crate::read::read_record;
 use crate::store::Store;
@@ -85,9 +86,9 @@ impl Store {
         let mut marker: Option<TurnMarker> = None;
         let mut last_turn = 0;
         if let Some(last) = last {
-            let table = txn.open_table(EVENTS)?;
-            for entry in table.range(session_blocks(parent))? {
-                let (key, value) = entry?;
+            let table = txn.open_table(EVENTS).engine()?;
+            for entry in table.range(session_blocks(parent)).engine()? {
+                let (key, value) = entry.engine()?;
                 let first_seq = key.value().1;
                 if first_seq > last {
                     break;

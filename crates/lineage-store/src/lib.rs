@@ -22,7 +22,7 @@ mod store;
 mod verify;
 mod writer;
 
-pub use error::{Result, StoreError};
+pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{

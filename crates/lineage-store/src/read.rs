@@ -3,6 +3,7 @@
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
 use redb::ReadTransaction;
 
+use crate::error::Engine;
 use crate::layout::{Block, EVENTS, SESSIONS, SessionRecord, session_blocks};
 use crate::{Result, StoreError};
 
@@ -15,8 +16,8 @@ pub(crate) struct StoredLog {
 }
 
 pub(crate) fn read_record(txn: &ReadTransaction, session: SessionId) -> Result<SessionRecord> {
-    let sessions = txn.open_table(SESSIONS)?;
-    let Some(bytes) = sessions.get(session.as_u128())? else {
+    let sessions = txn.open_table(SESSIONS).engine()?;
+    let Some(bytes) = sessions.get(session.as_u128()).engine()? else {
         return Err(StoreError::UnknownSession { session });
     };
     let record = SessionRecord::decode(session, bytes.value())?;
@@ -33,11 +34,11 @@ pub(crate) fn read_record(txn: &ReadTransaction, session: SessionId) -> Result<S
 /// open tail turn is replayed to recover the structure; `verify` re-checks every rule.
 pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<StoredLog> {
     let record = read_record(txn, session)?;
-    let table = txn.open_table(EVENTS)?;
+    let table = txn.open_table(EVENTS).engine()?;
     // The guards keep each block's bytes in place while they are hashed and decoded.
     let mut guards = Vec::new();
-    for entry in table.range(session_blocks(session))? {
-        let (key, value) = entry?;
+    for entry in table.range(session_blocks(session)).engine()? {
+        let (key, value) = entry.engine()?;
         guards.push((key.value().1, value));
     }
     let mut blocks = Vec::with_capacity(guards.len());
@@ -216,15 +217,15 @@ pub(crate) fn read_from(
     if from >= record.next_seq {
         return Ok(Vec::new());
     }
-    let table = txn.open_table(EVENTS)?;
+    let table = txn.open_table(EVENTS).engine()?;
     let id = session.as_u128();
-    let start = match table.range((id, 0)..=(id, from))?.next_back() {
-        Some(entry) => entry?.0.value().1,
+    let start = match table.range((id, 0)..=(id, from)).engine()?.next_back() {
+        Some(entry) => entry.engine()?.0.value().1,
         None => 0,
     };
     let mut events = Vec::with_capacity((record.next_seq - from).min(1 << 20) as usize);
-    for entry in table.range((id, start)..=(id, u64::MAX))? {
-        let (key, value) = entry?;
+    for entry in table.range((id, start)..=(id, u64::MAX)).engine()? {
+        let (key, value) = entry.engine()?;
         let first_seq = key.value().1;
         let block = Block::parse(session, first_seq, value.value())?;
         for item in Records::new(block.records, first_seq) {

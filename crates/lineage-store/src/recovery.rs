@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use redb::{ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase};
 
+use crate::error::Engine;
 use crate::store::{DEFAULT_CACHE_BYTES, builder, contained, open_error};
 use crate::{Result, StoreError};
 
@@ -280,8 +281,8 @@ impl Handle {
 
     fn begin_read(&self) -> Result<ReadTransaction> {
         Ok(match self {
-            Handle::Plain(db) => db.begin_read()?,
-            Handle::Overlaid { db, .. } => db.begin_read()?,
+            Handle::Plain(db) => db.begin_read().engine()?,
+            Handle::Overlaid { db, .. } => db.begin_read().engine()?,
             Handle::Closed => return Err(StoreError::Closed),
         })
     }

@@ -12,6 +12,7 @@ use lineage_log::{
 };
 use redb::{OwnedRange, ReadOnlyTable, ReadTransaction};
 
+use crate::error::Engine;
 use crate::layout::{Block, EVENTS, session_blocks};
 use crate::read::read_record;
 use crate::store::guard;
@@ -99,17 +100,17 @@ impl Store {
     fn start_scan(&self, session: SessionId, from: u64, checked: bool) -> Result<Scan> {
         let txn = self.begin_read()?;
         let record = read_record(&txn, session)?;
-        let table = txn.open_table(EVENTS)?;
+        let table = txn.open_table(EVENTS).engine()?;
         let id = session.as_u128();
         let blocks = if checked {
-            table.range_owned(session_blocks(session))?
+            table.range_owned(session_blocks(session)).engine()?
         } else {
             // The block holding `from` is the last one starting at or before it.
-            let start = match table.range((id, 0)..=(id, from))?.next_back() {
-                Some(entry) => entry?.0.value().1,
+            let start = match table.range((id, 0)..=(id, from)).engine()?.next_back() {
+                Some(entry) => entry.engine()?.0.value().1,
                 None => 0,
             };
-            table.range_owned((id, start)..=(id, u64::MAX))?
+            table.range_owned((id, start)..=(id, u64::MAX)).engine()?
         };
         let info = SessionInfo {
             len: record.next_seq,
@@ -164,7 +165,7 @@ impl Scan {
             }
             return Ok(false);
         };
-        let (key, value) = entry?;
+        let (key, value) = entry.engine()?;
         let first_seq = key.value().1;
         let block = Block::parse(session, first_seq, value.value())?;
         let last_seq = block.last_seq(first_seq);

@@ -20,6 +20,7 @@ use redb::{
 use uuid::Uuid;
 
 use crate::create;
+use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord, session_blocks,
@@ -325,7 +326,7 @@ pub(crate) fn open_error(path: &Path, error: redb::DatabaseError) -> StoreError 
                 "a redb file in storage format {version}, which this build cannot read"
             ),
         },
-        other => other.into(),
+        other => StoreError::Storage(EngineError::from_engine(other.into())),
     }
 }
 
@@ -462,7 +463,7 @@ impl Store {
     ) -> Result<Store> {
         let db = opener()?;
         let shown = path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
-        let store_id = match check_meta(&db.begin_read()?, &shown)? {
+        let store_id = match check_meta(&db.begin_read().engine()?, &shown)? {
             Some(id) => id,
             None => initialize(&db, &shown)?,
         };
@@ -477,7 +478,7 @@ impl Store {
             std::thread::Builder::new()
                 .name("lineage-store-writer".into())
                 .spawn(move || writer::run(db, queue, options))
-                .map_err(|e| StoreError::Storage(redb::Error::Io(e)))?
+                .map_err(|e| StoreError::Storage(EngineError::io(e)))?
         };
         Ok(Store {
             inner: Arc::new(Inner {
@@ -520,7 +521,7 @@ impl Store {
 
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
         Ok(match &self.inner.db {
-            Db::Write(db) => db.get()?.begin_read()?,
+            Db::Write(db) => db.get()?.begin_read().engine()?,
             Db::Read(db) => db.begin_read()?,
         })
     }
@@ -811,10 +812,10 @@ impl Store {
     pub fn session_bytes(&self, session: SessionId) -> Result<u64> {
         guard(|| {
             let txn = self.begin_read()?;
-            let table = txn.open_table(EVENTS)?;
+            let table = txn.open_table(EVENTS).engine()?;
             let mut bytes = 0u64;
-            for entry in table.range(session_blocks(session))? {
-                let (_, value) = entry?;
+            for entry in table.range(session_blocks(session)).engine()? {
+                let (_, value) = entry.engine()?;
                 bytes += value.value().len() as u64;
             }
             Ok(bytes)
@@ -825,12 +826,12 @@ impl Store {
     pub fn list(&self) -> Result<Vec<SessionInfo>> {
         guard(|| {
             let txn = self.begin_read()?;
-            let table = txn.open_table(SESSIONS)?;
+            let table = txn.open_table(SESSIONS).engine()?;
             // The table's length is the file's word, which damage can make anything: sized by
             // it only up to a bound.
-            let mut out = Vec::with_capacity(table.len()?.min(1 << 16) as usize);
-            for entry in table.iter()? {
-                let (key, value) = entry?;
+            let mut out = Vec::with_capacity(table.len().engine()?.min(1 << 16) as usize);
+            for entry in table.iter().engine()? {
+                let (key, value) = entry.engine()?;
                 let session = SessionId::from_u128(key.value());
                 out.push(info_of(SessionRecord::decode(session, value.value())?));
             }
@@ -867,7 +868,7 @@ impl Store {
         guard(|| {
             let txn = self.begin_read()?;
             let mut stats = StoreStats {
-                sessions: txn.open_table(SESSIONS)?.len()?,
+                sessions: txn.open_table(SESSIONS).engine()?.len().engine()?,
                 file_bytes: self
                     .inner
                     .path
@@ -876,9 +877,9 @@ impl Store {
                     .map(|m| m.len()),
                 ..StoreStats::default()
             };
-            let table = txn.open_table(EVENTS)?;
-            for entry in table.iter()? {
-                let (key, value) = entry?;
+            let table = txn.open_table(EVENTS).engine()?;
+            for entry in table.iter().engine()? {
+                let (key, value) = entry.engine()?;
                 let (id, first_seq) = key.value();
                 let session = SessionId::from_u128(id);
                 let bytes = value.value();
@@ -910,11 +911,14 @@ impl Store {
 /// the same damage, reported the same way.
 pub(crate) fn guard<T>(operation: impl FnOnce() -> Result<T>) -> Result<T> {
     match contained(operation) {
-        Ok(Err(StoreError::Storage(redb::Error::LockPoisoned(at)))) => Err(StoreError::Damaged {
-            reason: format!(
-                "the storage engine failed on this file earlier (a lock poisoned at {at})"
-            ),
-        }),
+        Ok(Err(StoreError::Storage(engine))) if engine.kind() == EngineErrorKind::Poisoned => {
+            let at = engine
+                .poisoned_at()
+                .map_or(String::new(), |at| format!(" (a lock poisoned at {at})"));
+            Err(StoreError::Damaged {
+                reason: format!("the storage engine failed on this file earlier{at}"),
+            })
+        }
         Ok(result) => result,
         Err(reason) => Err(StoreError::Damaged { reason }),
     }
@@ -1045,11 +1049,11 @@ fn info_of(record: SessionRecord) -> SessionInfo {
 }
 
 pub(crate) fn children_of(txn: &ReadTransaction, parent: SessionId) -> Result<Vec<SessionId>> {
-    let table = txn.open_table(CHILDREN)?;
+    let table = txn.open_table(CHILDREN).engine()?;
     let id = parent.as_u128();
     let mut out = Vec::new();
-    for entry in table.range((id, 0)..=(id, u128::MAX))? {
-        out.push(SessionId::from_u128(entry?.0.value().1));
+    for entry in table.range((id, 0)..=(id, u128::MAX)).engine()? {
+        out.push(SessionId::from_u128(entry.engine()?.0.value().1));
     }
     Ok(out)
 }
@@ -1110,7 +1114,7 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         Err(redb::TableError::TableDoesNotExist(_)) => {
-            return if txn.list_tables()?.next().is_none() {
+            return if txn.list_tables().engine()?.next().is_none() {
                 Ok(None)
             } else {
                 Err(not_a_store(
@@ -1121,14 +1125,15 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
         Err(redb::TableError::TableTypeMismatch { .. }) => {
             return Err(not_a_store("its meta table has foreign types".into()));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(StoreError::Storage(EngineError::from_engine(e.into()))),
     };
-    let magic = meta.get(META_MAGIC)?;
+    let magic = meta.get(META_MAGIC).engine()?;
     if magic.as_ref().map(|m| m.value()) != Some(MAGIC) {
         return Err(not_a_store("its meta table lacks the Lineage magic".into()));
     }
     let version = meta
-        .get(META_FORMAT)?
+        .get(META_FORMAT)
+        .engine()?
         .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| not_a_store("its meta table has no format version".into()))?;
@@ -1148,7 +1153,8 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
         });
     }
     let id = meta
-        .get(META_STORE_ID)?
+        .get(META_STORE_ID)
+        .engine()?
         .and_then(|v| Uuid::from_slice(v.value()).ok())
         .ok_or_else(|| not_a_store("its meta table has no store id".into()))?;
     Ok(Some(id))
@@ -1156,23 +1162,25 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
 
 /// Writes the `meta` table and creates the other tables of a fresh store, durably.
 pub(crate) fn initialize(db: &Database, path: &Path) -> Result<Uuid> {
-    let txn = db.begin_write()?;
+    let txn = db.begin_write().engine()?;
     let id = Uuid::now_v7();
     {
-        if txn.list_tables()?.next().is_some() {
+        if txn.list_tables().engine()?.next().is_some() {
             return Err(StoreError::NotAStore {
                 path: path.to_owned(),
                 reason: "a redb database without Lineage's tables".into(),
             });
         }
-        let mut meta = txn.open_table(META)?;
-        meta.insert(META_MAGIC, MAGIC)?;
-        meta.insert(META_FORMAT, STORE_FORMAT_VERSION.to_le_bytes().as_slice())?;
-        meta.insert(META_STORE_ID, id.as_bytes().as_slice())?;
-        txn.open_table(SESSIONS)?;
-        txn.open_table(EVENTS)?;
-        txn.open_table(CHILDREN)?;
+        let mut meta = txn.open_table(META).engine()?;
+        meta.insert(META_MAGIC, MAGIC).engine()?;
+        meta.insert(META_FORMAT, STORE_FORMAT_VERSION.to_le_bytes().as_slice())
+            .engine()?;
+        meta.insert(META_STORE_ID, id.as_bytes().as_slice())
+            .engine()?;
+        txn.open_table(SESSIONS).engine()?;
+        txn.open_table(EVENTS).engine()?;
+        txn.open_table(CHILDREN).engine()?;
     }
-    txn.commit()?;
+    txn.commit().engine()?;
     Ok(id)
 }

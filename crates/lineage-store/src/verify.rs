@@ -10,6 +10,7 @@ use lineage_log::{
 use redb::ReadableTable;
 
 use crate::Result;
+use crate::error::Engine;
 use crate::layout::{Block, CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
 use crate::store::Store;
 
@@ -200,22 +201,22 @@ impl Store {
     pub fn verify(&self) -> Result<VerifyReport> {
         crate::store::guard(|| {
             let txn = self.begin_read()?;
-            let sessions = txn.open_table(SESSIONS)?;
-            let events = txn.open_table(EVENTS)?;
-            let children = txn.open_table(CHILDREN)?;
+            let sessions = txn.open_table(SESSIONS).engine()?;
+            let events = txn.open_table(EVENTS).engine()?;
+            let children = txn.open_table(CHILDREN).engine()?;
 
             let mut records: BTreeMap<SessionId, std::result::Result<SessionRecord, String>> =
                 BTreeMap::new();
-            for entry in sessions.iter()? {
-                let (key, value) = entry?;
+            for entry in sessions.iter().engine()? {
+                let (key, value) = entry.engine()?;
                 let session = SessionId::from_u128(key.value());
                 let record =
                     SessionRecord::decode(session, value.value()).map_err(|e| e.to_string());
                 records.insert(session, record);
             }
             let mut index: BTreeSet<(SessionId, SessionId)> = BTreeSet::new();
-            for entry in children.iter()? {
-                let (key, _) = entry?;
+            for entry in children.iter().engine()? {
+                let (key, _) = entry.engine()?;
                 let (parent, child) = key.value();
                 index.insert((SessionId::from_u128(parent), SessionId::from_u128(child)));
             }
@@ -324,8 +325,8 @@ fn scan_session(
     let mut expected = 0u64;
     let mut encoder = Encoder::new();
     let mut canonical = Vec::new();
-    for entry in events.range(session_blocks(session))? {
-        let (key, value) = entry?;
+    for entry in events.range(session_blocks(session)).engine()? {
+        let (key, value) = entry.engine()?;
         let first_seq = key.value().1;
         scan.blocks += 1;
         let block = match Block::parse(session, first_seq, value.value()) {

@@ -13,6 +13,7 @@ use std::time::Instant;
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 use redb::Database;
 
+use crate::error::EngineError;
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, encode_block};
 use crate::store::{Writable, contained};
 use crate::{Result, StoreError, StoreOptions};
@@ -57,7 +58,7 @@ pub(crate) struct State {
     /// Completed commit attempts.
     pub attempts: u64,
     /// The failure of the latest attempt, if it failed.
-    pub last_failure: Option<Arc<redb::Error>>,
+    pub last_failure: Option<EngineError>,
     /// Set by a failure; cleared by the next admission or flush.
     pub paused: bool,
     pub flush_requested: bool,
@@ -261,7 +262,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                     }
                     state.pending_blocks += count;
                 }
-                state.last_failure = Some(Arc::new(error));
+                state.last_failure = Some(EngineError::from_engine(error));
                 state.paused = true;
                 if shutting_down {
                     queue.wake_waiters.notify_all();

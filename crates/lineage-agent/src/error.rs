@@ -8,6 +8,7 @@ use lineage_store::StoreError;
 /// Why an agent operation failed. Every variant names the agent (its session id) and the message,
 /// tool, seq or option involved; a refused operation changes nothing.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AgentError {
     /// The store refused or failed an operation for this agent.
     #[error("agent {agent}: {source}")]

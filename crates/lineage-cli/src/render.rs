@@ -119,12 +119,16 @@ pub fn stop_label(reason: &TurnEndReason) -> String {
                 AbortCause::Parent => "parent",
                 AbortCause::Hook { .. } => "hook",
                 AbortCause::Disposed => "disposed",
+                // A cause added after this build: shown as the log's own value.
+                other => return format!("aborted({other:?})"),
             }
         ),
         TurnEndReason::Blocked => "blocked".into(),
         TurnEndReason::Error(_) => "error".into(),
         TurnEndReason::MaxTokens => "max-tokens".into(),
         TurnEndReason::Interrupted => "interrupted".into(),
+        // A reason added after this build: shown as the log's own value.
+        other => format!("{other:?}"),
     }
 }
 
@@ -399,6 +403,8 @@ pub fn event_detail(event: &Event, full: bool) -> (String, Vec<String>) {
             o.tag,
             o.payload.len()
         ),
+        // A body added to the log after this renderer was written: shown as the log's own value.
+        other => format!("{other:?}"),
     };
     (detail, more)
 }
@@ -458,6 +464,7 @@ fn finish_label(reason: &lineage_log::FinishReason) -> String {
         FinishReason::MaxTokens => "max-tokens".into(),
         FinishReason::Error(f) => format!("error {} {}", f.code, quote(&f.message, false)),
         FinishReason::Aborted(f) => format!("aborted {} {}", f.code, quote(&f.message, false)),
+        other => format!("{other:?}"),
     }
 }
 

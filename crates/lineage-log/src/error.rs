@@ -5,6 +5,7 @@ use crate::EventKind;
 /// Why a log operation refused. Every variant names the seq, index or field involved; a refused
 /// operation leaves its log unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LogError {
     /// An appended event does not carry the next seq.
     #[error("append seq mismatch at batch index {index}: expected seq {expected}, got {got}")]

@@ -47,6 +47,7 @@ pub type StepNo = u32;
 
 /// The kind of an event, with its wire tag and display name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum EventKind {
     /// `turn/start`
     TurnStart,
@@ -165,6 +166,7 @@ impl fmt::Display for EventKind {
 /// chunks, and its size in memory is dominated by `size_of::<Event>()`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
+#[non_exhaustive]
 pub enum EventBody {
     /// A turn opens.
     #[serde(rename = "turn/start")]
@@ -311,6 +313,7 @@ pub struct TurnEnd {
 
 /// Why a turn ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum TurnEndReason {
     /// The model finished.
     Completed,
@@ -331,6 +334,7 @@ pub enum TurnEndReason {
 
 /// Who cancelled a turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum AbortCause {
     /// The user.
     User,
@@ -457,6 +461,7 @@ pub enum BlockType {
 
 /// Why a model stream finished.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum FinishReason {
     /// The model stopped by itself.
     Stop,

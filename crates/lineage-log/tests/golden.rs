@@ -999,6 +999,7 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
                         AbortCause::Parent => "AbortCause::Parent",
                         AbortCause::Hook { .. } => "AbortCause::Hook",
                         AbortCause::Disposed => "AbortCause::Disposed",
+                        other => panic!("golden coverage does not know {other:?}: add it"),
                     },
                 );
             }
@@ -1011,6 +1012,7 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
             }
             TurnEndReason::MaxTokens => label(seen, "TurnEndReason::MaxTokens"),
             TurnEndReason::Interrupted => label(seen, "TurnEndReason::Interrupted"),
+            other => panic!("golden coverage does not know {other:?}: add it"),
         },
         EventBody::UserMessage(message) => cover_message(message, seen),
         EventBody::AssistantChunk(c) => match &c.chunk {
@@ -1049,6 +1051,7 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
                         FinishReason::MaxTokens => "FinishReason::MaxTokens",
                         FinishReason::Error(_) => "FinishReason::Error",
                         FinishReason::Aborted(_) => "FinishReason::Aborted",
+                        other => panic!("golden coverage does not know {other:?}: add it"),
                     },
                 );
             }
@@ -1108,6 +1111,11 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
         ),
         EventBody::Custom(custom) => flag(seen, "Custom::ignorable", custom.ignorable),
         EventBody::Opaque(_) => {}
+        // A body added to the log after this coverage list: it needs golden samples and labels.
+        other => panic!(
+            "golden coverage does not know {:?} events: add them",
+            other.kind()
+        ),
     }
 }
 

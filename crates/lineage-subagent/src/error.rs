@@ -167,6 +167,7 @@ pub(crate) fn describe_cause(cause: &AbortCause) -> String {
         AbortCause::Parent => "by the delegating parent".to_owned(),
         AbortCause::Hook { reason } => format!("by a hook ({reason})"),
         AbortCause::Disposed => "because the agent was disposed".to_owned(),
+        other => format!("for a cause this build does not know ({other:?})"),
     }
 }
 

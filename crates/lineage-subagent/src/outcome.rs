@@ -35,6 +35,9 @@ impl Ending {
             TurnEndReason::Blocked => Ending::Blocked,
             TurnEndReason::Error(_) => Ending::Error,
             TurnEndReason::MaxTokens => Ending::MaxTokens,
+            // A reason added to the log after this build: not known to be a success (a one-shot
+            // result's diagnostic names it).
+            _ => Ending::Error,
         }
     }
 
@@ -121,7 +124,13 @@ pub(crate) fn run_outcome(own: &[Event]) -> (StopReason, Option<String>) {
         TurnEndReason::Interrupted => {
             Some("the child's turn was stopped by a crash of its process".into())
         }
-        _ => None,
+        TurnEndReason::Completed
+        | TurnEndReason::Aborted { .. }
+        | TurnEndReason::Blocked
+        | TurnEndReason::MaxTokens => None,
+        other => Some(format!(
+            "the child's turn ended for a reason this build does not know: {other:?}"
+        )),
     };
     (Ending::of(reason).stop_reason(), diagnostic)
 }

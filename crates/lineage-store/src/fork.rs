@@ -59,7 +59,7 @@ impl Store {
             state
                 .tails
                 .get(&parent)
-                .filter(|tail| !tail.materialized && tail.next_seq == 0)
+                .filter(|tail| !tail.row_written && tail.next_seq == 0)
                 .map(|tail| tail.header.clone())
         };
         let txn = self.begin_read()?;
@@ -193,7 +193,7 @@ impl Store {
             child,
             Tail {
                 header: header.clone(),
-                materialized: false,
+                row_written: false,
                 revision: 0,
                 next_seq: seed_len + own.len() as u64,
                 structure,

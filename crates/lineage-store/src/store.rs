@@ -553,7 +553,7 @@ impl Store {
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(Tail {
                     header,
-                    materialized: false,
+                    row_written: false,
                     revision: 0,
                     next_seq: 0,
                     structure: Structure::new(),
@@ -588,7 +588,7 @@ impl Store {
     pub fn forget_unwritten(&self, session: SessionId) -> bool {
         let mut state = self.inner.queue.lock();
         let unwritten = state.tails.get(&session).is_some_and(|tail| {
-            !tail.materialized && tail.next_seq == 0 && tail.pending.is_empty()
+            !tail.row_written && tail.next_seq == 0 && tail.pending.is_empty()
         });
         if !unwritten
             || state
@@ -741,7 +741,7 @@ impl Store {
         let mut state = self.inner.queue.lock();
         state.tails.entry(session).or_insert(Tail {
             header: record.header,
-            materialized: true,
+            row_written: true,
             revision: record.revision,
             next_seq: record.next_seq,
             structure,

@@ -33,7 +33,7 @@ pub(crate) struct PendingBlock {
 pub(crate) struct Tail {
     pub header: Header,
     /// Whether the session has a row in `sessions` (is durable at all).
-    pub materialized: bool,
+    pub row_written: bool,
     /// The committed revision.
     pub revision: u64,
     /// The seq the next admitted event must carry.
@@ -149,7 +149,7 @@ impl Queue {
 /// One session's share of a commit.
 struct Job {
     session: SessionId,
-    /// Present when the session is not yet materialized: the commit writes its header too.
+    /// Present when the session has no row yet: the commit writes its header too.
     new_header: Option<Header>,
     header: Header,
     revision: u64,
@@ -206,7 +206,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
             }
             jobs.push(Job {
                 session: *session,
-                new_header: (!tail.materialized).then(|| tail.header.clone()),
+                new_header: (!tail.row_written).then(|| tail.header.clone()),
                 header: tail.header.clone(),
                 revision: tail.revision + 1,
                 blocks: std::mem::take(&mut tail.pending),
@@ -248,7 +248,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                 for job in jobs {
                     if let Some(tail) = state.tails.get_mut(&job.session) {
                         tail.revision = job.revision;
-                        tail.materialized = true;
+                        tail.row_written = true;
                     }
                 }
             }

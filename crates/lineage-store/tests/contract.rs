@@ -339,7 +339,7 @@ fn empty_batch_is_a_no_op() {
     store.flush(id).unwrap();
     assert!(
         store.list().unwrap().is_empty(),
-        "an empty batch does not materialize"
+        "an empty batch writes no session row"
     );
 
     store.append(id, &completed_turn(1, 0, "x")).unwrap();

@@ -120,7 +120,7 @@ fn a_fork_of_a_created_but_unwritten_session_inherits_nothing() {
     );
     assert_eq!(store.info(child).unwrap().len, 1);
     assert_eq!(store.children(parent).unwrap(), vec![child]);
-    // The parent is still unwritten: not listed, and its own first append materializes it.
+    // The parent is still unwritten: not listed, and its own first append writes its row.
     assert_eq!(
         store
             .list()

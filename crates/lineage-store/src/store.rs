@@ -587,9 +587,10 @@ impl Store {
     /// handle does not know or that is stored. A read-only handle has nothing to forget.
     pub fn forget_unwritten(&self, session: SessionId) -> bool {
         let mut state = self.inner.queue.lock();
-        let unwritten = state.tails.get(&session).is_some_and(|tail| {
-            !tail.row_written && tail.next_seq == 0 && tail.pending.is_empty()
-        });
+        let unwritten = state
+            .tails
+            .get(&session)
+            .is_some_and(|tail| !tail.row_written && tail.next_seq == 0 && tail.pending.is_empty());
         if !unwritten
             || state
                 .tails

@@ -364,14 +364,18 @@ fn row(
     live: bool,
     has_children: bool,
 ) -> ListingRow {
-    match descriptor {
-        Some(d) if let Err(problem) = lineage_log::check_descriptor(&d) => diagnostic(
+    if let Some(d) = &descriptor
+        && let Err(problem) = lineage_log::check_descriptor(d)
+    {
+        return diagnostic(
             id,
             parent,
             depth,
             DiagnosticReason::Corrupt,
             format!("its subagent descriptor breaks the descriptor contract: {problem}"),
-        ),
+        );
+    }
+    match descriptor {
         Some(d) => ListingRow::Child(ChildRow {
             id,
             parent,

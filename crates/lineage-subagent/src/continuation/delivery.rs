@@ -215,16 +215,19 @@ impl SubagentRuntime {
         let loaded = inspected.map_err(unavailable)?;
         self.assert_admitting(parent)?;
         self.authorize_lineage(parent, child, loaded.header.parent)?;
-        let descriptor = match fold_descriptor(&loaded.events) {
-            Some(d) if let Err(problem) = lineage_log::check_descriptor(d) => {
-                return Err(SubagentError::new(
-                    ErrorCode::NotResumable,
-                    format!(
-                        "subagent {child} cannot be resumed: its stored subagent descriptor \
-                         breaks the descriptor contract ({problem}); do not send it messages again"
-                    ),
-                ));
-            }
+        let folded = fold_descriptor(&loaded.events);
+        if let Some(d) = folded
+            && let Err(problem) = lineage_log::check_descriptor(d)
+        {
+            return Err(SubagentError::new(
+                ErrorCode::NotResumable,
+                format!(
+                    "subagent {child} cannot be resumed: its stored subagent descriptor \
+                     breaks the descriptor contract ({problem}); do not send it messages again"
+                ),
+            ));
+        }
+        let descriptor = match folded {
             Some(d) if d.mode == DescriptorMode::Continuable => d.clone(),
             _ => {
                 return Err(SubagentError::new(

@@ -629,7 +629,7 @@ fn worker(messages: &[Message]) -> Response {
     )
 }
 
-/// The child a delegation call started, read from its tool result ("Started subagent <id>.").
+/// The child a delegation call started, read from its tool result (`Started subagent <id>.`).
 fn started_child(messages: &[Message], call: &str) -> Option<SessionId> {
     messages
         .iter()

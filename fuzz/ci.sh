@@ -40,6 +40,11 @@ cargo +nightly fuzz build "${build_flags[@]}" </dev/null
 triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 bin_dir="fuzz/target/${triple}/release"
 mapfile -t targets < <(cargo +nightly fuzz list </dev/null)
+# A failed or empty listing must not pass as "every target fuzzed".
+if [ "${#targets[@]}" -eq 0 ]; then
+    echo "fuzz/ci.sh: cargo fuzz list named no targets" >&2
+    exit 1
+fi
 
 seeds_of() {
     case "$1" in

@@ -59,8 +59,8 @@ impl SubagentRuntime {
     pub fn new(agents: Agents) -> Self {
         SubagentRuntime {
             inner: Arc::new(Inner {
+                continuation: Continuation::new(agents.clone()),
                 agents,
-                continuation: Continuation::default(),
                 setups: Setups::default(),
                 providers: Mutex::new(Vec::new()),
                 listeners: Mutex::new(Vec::new()),

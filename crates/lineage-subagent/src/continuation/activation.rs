@@ -67,8 +67,8 @@ impl SubagentRuntime {
             if request.cancel.is_cancelled() {
                 return Err(cancelled_before_publication(parent.id()));
             }
-            runtime.assert_admitting(&parent)?;
-            runtime.child_id_available(child)?;
+            runtime.continuation().assert_admitting(&parent)?;
+            runtime.continuation().child_id_available(child)?;
             if request.child.is_some() {
                 let store = runtime.agents().store().clone();
                 let stored = tokio::task::spawn_blocking(move || store.info(child).is_ok())
@@ -111,10 +111,10 @@ impl SubagentRuntime {
         request: &ContinuableRequest,
     ) -> Result<(SessionId, ActivationPlan), SubagentError> {
         let parent = &request.parent;
-        self.assert_admitting(parent)?;
+        self.continuation().assert_admitting(parent)?;
         birth::check_parent(self.agents(), parent)?;
         let child = request.child.unwrap_or_default();
-        self.child_id_available(child)?;
+        self.continuation().child_id_available(child)?;
         let depth = birth::child_depth(parent, request.max_depth)?;
         birth::check_tool_filter(request.tool_filter.as_ref(), "a continuable child")?;
         let options = birth::child_options(parent.options(), &request.agent_options, depth);
@@ -164,8 +164,8 @@ impl SubagentRuntime {
         how: ActivationPlan,
         cancel: &Cancellation,
     ) -> Result<Arc<Activation>, SubagentError> {
-        self.assert_admitting(parent)?;
-        let lineage = self.live_lineage(parent);
+        self.continuation().assert_admitting(parent)?;
+        let lineage = self.continuation().live_lineage(parent);
         let (settled_tx, settled_rx) = watch::channel(false);
         let ticket = {
             let mut st = lock(&self.continuation().state);
@@ -269,7 +269,8 @@ impl SubagentRuntime {
         let published = if cancel.is_cancelled() {
             Err(cancelled_before_publication(parent.id()))
         } else {
-            self.assert_admitting(parent)
+            self.continuation()
+                .assert_admitting(parent)
                 .and_then(|()| self.continuation().acquire_ownership(parent, child))
         };
         if let Err(error) = published {

@@ -4,21 +4,19 @@ use lineage_agent::{Diagnostic, DiagnosticKind};
 
 use super::*;
 
-impl SubagentRuntime {
+impl Continuation {
     /// Reports a failure of best-effort work about `agent` to the registry's watchers.
     pub(super) fn diagnose(&self, agent: SessionId, kind: DiagnosticKind, reason: String) {
-        self.agents().report(Diagnostic {
+        self.agents.report(Diagnostic {
             agent,
             kind,
             reason,
         });
     }
 
-    // ----- admission and authority ---------------------------------------------------------------
-
     /// `agent`, then its parent, grandparent, ... as long as each is live (exact registry
     /// entries), stopping at a repeated id.
-    pub(crate) fn live_lineage(&self, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
+    pub(super) fn live_lineage(&self, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
         let mut lineage = vec![agent.clone()];
         let mut seen = HashSet::from([agent.id()]);
         let mut next = agent.header().parent;
@@ -26,7 +24,7 @@ impl SubagentRuntime {
             if !seen.insert(id) {
                 break;
             }
-            match self.agents().get(id) {
+            match self.agents.get(id) {
                 Some(ancestor) => {
                     next = ancestor.header().parent;
                     lineage.push(ancestor);
@@ -39,7 +37,7 @@ impl SubagentRuntime {
 
     /// Refuses work for `agent` while the runtime drains or `agent` is inside a closing scope.
     pub(super) fn assert_admitting(&self, agent: &Arc<Agent>) -> Result<(), SubagentError> {
-        let mut st = lock(&self.continuation().state);
+        let mut st = lock(&self.state);
         if st.draining {
             return Err(SubagentError::new(
                 ErrorCode::Draining,
@@ -47,8 +45,7 @@ impl SubagentRuntime {
             ));
         }
         // A scope stays closed until its exact root is no longer live.
-        st.closing
-            .retain(|scope| self.agents().is_live(&scope.root));
+        st.closing.retain(|scope| self.agents.is_live(&scope.root));
         if st.closing.is_empty() {
             return Ok(());
         }
@@ -78,7 +75,7 @@ impl SubagentRuntime {
         child: SessionId,
         parent_session: Option<SessionId>,
     ) -> Result<(), SubagentError> {
-        if !self.agents().is_live(parent) {
+        if !self.agents.is_live(parent) {
             return Err(unauthorized(format!(
                 "subagent {child}: delivery requires the exact live parent agent"
             )));
@@ -91,6 +88,20 @@ impl SubagentRuntime {
         Ok(())
     }
 
+    pub(super) fn child_id_available(&self, child: SessionId) -> Result<(), SubagentError> {
+        if self.agents.get(child).is_some() || self.activation(child).is_some() {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateChild,
+                format!("subagent {child} already exists"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl SubagentRuntime {
+    /// Takes `child`'s lock (see the lock order in the module's documentation), waiting for the
+    /// operations on it that asked first.
     pub(super) async fn child_lock(&self, child: SessionId) -> ChildGuard {
         let mutex = lock(&self.continuation().locks)
             .entry(child)
@@ -102,15 +113,5 @@ impl SubagentRuntime {
             child,
             runtime: self.clone(),
         }
-    }
-
-    pub(super) fn child_id_available(&self, child: SessionId) -> Result<(), SubagentError> {
-        if self.agents().get(child).is_some() || self.continuation().activation(child).is_some() {
-            return Err(SubagentError::new(
-                ErrorCode::DuplicateChild,
-                format!("subagent {child} already exists"),
-            ));
-        }
-        Ok(())
     }
 }

@@ -52,7 +52,7 @@ impl SubagentRuntime {
                 ),
             ));
         }
-        self.assert_admitting(parent)?;
+        self.continuation().assert_admitting(parent)?;
         if activation.is_closing() {
             return Err(SubagentError::new(
                 ErrorCode::ActivationClosing,
@@ -62,7 +62,11 @@ impl SubagentRuntime {
                 ),
             ));
         }
-        self.authorize_lineage(parent, activation.child(), activation.agent.header().parent)?;
+        self.continuation().authorize_lineage(
+            parent,
+            activation.child(),
+            activation.agent.header().parent,
+        )?;
         self.continuation()
             .acquire_ownership(parent, activation.child())?;
         let message = Message {
@@ -114,7 +118,7 @@ impl SubagentRuntime {
         source: MessageSource,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
-        self.assert_admitting(parent)?;
+        self.continuation().assert_admitting(parent)?;
         let not_accepted = || followup_cancelled(child, cancel);
         loop {
             {
@@ -157,7 +161,7 @@ impl SubagentRuntime {
                     }
                 }
             }
-            self.assert_admitting(parent)?;
+            self.continuation().assert_admitting(parent)?;
             if cancel.is_cancelled() {
                 return Err(not_accepted());
             }
@@ -213,8 +217,9 @@ impl SubagentRuntime {
             )
         };
         let loaded = inspected.map_err(unavailable)?;
-        self.assert_admitting(parent)?;
-        self.authorize_lineage(parent, child, loaded.header.parent)?;
+        self.continuation().assert_admitting(parent)?;
+        self.continuation()
+            .authorize_lineage(parent, child, loaded.header.parent)?;
         let folded = fold_descriptor(&loaded.events);
         if let Some(d) = folded
             && let Err(problem) = lineage_log::check_descriptor(d)
@@ -329,7 +334,7 @@ impl SubagentRuntime {
                 format!("the report of {} was cancelled", child.id()),
             ));
         }
-        self.assert_admitting(child)?;
+        self.continuation().assert_admitting(child)?;
         let activation = self
             .continuation()
             .activation(child.id())

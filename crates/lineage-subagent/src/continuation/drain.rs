@@ -61,7 +61,7 @@ impl SubagentRuntime {
                 let mut members = vec![root.clone()];
                 for target in &targets {
                     if target.in_ancestry(root) {
-                        members.extend(self.live_lineage(&target.agent));
+                        members.extend(self.continuation().live_lineage(&target.agent));
                     }
                 }
                 for m in st.pending.values() {

@@ -59,7 +59,7 @@ mod teardown;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::{Agent, AgentStatus};
+use lineage_agent::{Agent, AgentStatus, Agents};
 use lineage_log::{MessageId, SessionId};
 use tokio::sync::{OwnedMutexGuard, watch};
 
@@ -71,9 +71,11 @@ use crate::{ErrorCode, SubagentError, SubagentRuntime, lock};
 /// A teardown's outcome, once it has one.
 type Disposal = watch::Receiver<Option<Result<(), SubagentError>>>;
 
-/// The manager's state, inside the runtime.
-#[derive(Default)]
+/// The continuation manager: its state, and the transitions that need nothing but that state and
+/// the registry. One per runtime.
 pub(crate) struct Continuation {
+    /// The registry every parent and child lives in.
+    agents: Agents,
     state: Mutex<State>,
     /// One lock per child with operations in flight (removed when nobody holds or waits on it).
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
@@ -201,6 +203,15 @@ fn teardown_failed(message: String) -> SubagentError {
 }
 
 impl Continuation {
+    /// A manager for the agents of `agents`, with nothing resident.
+    pub(crate) fn new(agents: Agents) -> Self {
+        Continuation {
+            agents,
+            state: Mutex::default(),
+            locks: Mutex::default(),
+        }
+    }
+
     /// The resident activation of `child`, if any (being torn down included).
     fn activation(&self, child: SessionId) -> Option<Arc<Activation>> {
         lock(&self.state).activations.get(&child).cloned()

@@ -78,7 +78,7 @@ impl SubagentRuntime {
         };
         activation.poke();
         if let Err(error) = activation.agent.cancel(AbortCause::Parent, Queued::Discard) {
-            self.diagnose(
+            self.continuation().diagnose(
                 activation.child(),
                 DiagnosticKind::CancelFailed,
                 format!("cancelling the settled child failed: {error}"),
@@ -154,7 +154,8 @@ impl SubagentRuntime {
         });
         match failure {
             Some(error) => {
-                self.diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
+                self.continuation()
+                    .diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
                 Err(error)
             }
             None => Ok(()),
@@ -192,7 +193,7 @@ impl SubagentRuntime {
         // A parent in teardown (its runtime or subtree draining, its own activation closing, or
         // its agent being disposed) gets the notice quietly: waking it would start a turn its
         // teardown then has to wait for.
-        let tearing_down = self.assert_admitting(&parent).is_err()
+        let tearing_down = self.continuation().assert_admitting(&parent).is_err()
             || parent.is_disposing()
             || self
                 .continuation()
@@ -213,7 +214,7 @@ impl SubagentRuntime {
             })
         };
         if let Err(error) = sent {
-            self.diagnose(
+            self.continuation().diagnose(
                 parent.id(),
                 DiagnosticKind::NoticeUndelivered,
                 format!("the settlement notice of subagent {child} was not delivered: {error}"),

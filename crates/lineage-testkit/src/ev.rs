@@ -22,6 +22,43 @@ pub fn log(bodies: impl IntoIterator<Item = EventBody>) -> Vec<Event> {
         .collect()
 }
 
+/// `bodies` as consecutive events from `first_seq`: the event at seq `n` has time
+/// `start_ms + ms_per_seq * n`, so seqs are contiguous and times never decrease (for a
+/// non-negative `ms_per_seq`), whichever seq the batch starts at.
+pub fn numbered(
+    first_seq: u64,
+    start_ms: i64,
+    ms_per_seq: i64,
+    bodies: impl IntoIterator<Item = EventBody>,
+) -> Vec<Event> {
+    bodies
+        .into_iter()
+        .zip(first_seq..)
+        .map(|(body, seq)| Event::new(seq, start_ms + ms_per_seq * seq as i64, body))
+        .collect()
+}
+
+/// One completed turn `turn` of one step, as six bodies: `turn/start`, `step/start`, the user's
+/// `question`, the assistant's text `answer`, `step/end`, `turn/end {Completed}`. Balanced and
+/// valid wherever the previous turn was `turn - 1` and closed; the caller picks the message ids
+/// (they must be unique in the log) and numbers the events (e.g. with [`numbered`]).
+pub fn completed_turn(
+    turn: TurnNo,
+    question_id: MessageId,
+    question: &str,
+    answer_id: MessageId,
+    answer: &str,
+) -> Vec<EventBody> {
+    vec![
+        turn_start(turn),
+        step_start(turn, 1),
+        user(question_id, question),
+        assistant_text(turn, 1, answer_id, answer),
+        step_end(turn, 1),
+        turn_completed(turn),
+    ]
+}
+
 /// The provider every assistant message built here names.
 pub const PROVIDER: &str = "example";
 /// The model every assistant message built here names.

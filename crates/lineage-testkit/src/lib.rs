@@ -1,6 +1,15 @@
-//! A test kit for Lineage session logs: deterministic realistic sessions, proptest strategies for
-//! random valid logs and batch partitions, random events of every variant, and short event
-//! constructors for hand-written logs.
+//! Shared test scaffolding for Lineage, so a new suite starts from one place.
+//!
+//! Without features: deterministic realistic sessions, proptest strategies for random valid logs
+//! and batch partitions, random events of every variant, short event and turn constructors for
+//! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), and helper processes a
+//! test binary re-runs itself as, to crash or to run beside ([`process`]). These depend on
+//! `lineage-log` and the standard library only.
+//!
+//! Feature `agent` adds the agent harness ([`agent`]: a store, a scripted model, a registry, tools
+//! from closures); feature `subagent` adds the delegation harness ([`subagent`]: a routing model,
+//! a subagent runtime, a canned provider). Library crates take this crate only as a
+//! dev-dependency, and it takes them only through these features, so dependencies point one way.
 //!
 //! Everything here is deterministic: the generators draw from [`SplitMix64`] seeded by the caller
 //! (or by proptest), never from the clock, so a seed or a proptest failure reproduces exactly.
@@ -10,12 +19,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "agent")]
+pub mod agent;
 mod arb;
 mod build;
 pub mod ev;
+pub mod process;
 mod random;
+pub mod read;
 mod realistic;
 mod rng;
+#[cfg(feature = "subagent")]
+pub mod subagent;
 mod words;
 
 pub use arb::{

@@ -1,24 +1,20 @@
-//! Shared harness for the delegation tests: a store in a temporary directory, one registry whose
-//! model routes each request by model name to its own scripted model (so a parent and its children
-//! are scripted separately), a subagent runtime, a provider with canned outcomes, tools built from
-//! closures, and readers of logs.
-
-#![allow(dead_code)]
+//! The delegation harness (feature `subagent`): one registry whose model routes each request by
+//! model name to its own scripted model (so a parent and its children are scripted separately), a
+//! subagent runtime over it, and a provider with canned outcomes.
+//!
+//! `use lineage_testkit::subagent::*` brings along the agent-level helpers that do not depend on
+//! the agent harness ([`FnTool`], [`user`], [`within`], …) and the log readers of [`crate::read`];
+//! its [`Harness`] is this module's, and [`tool_results`] gives full [`Answer`]s.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use lineage_agent::{
     Agent, AgentOptions, AgentSpec, Agents, BoxFuture, ChunkStream, CreateAgent, Model,
-    ModelRequest, ScriptedModel, Tool, ToolContext, ToolOutput,
+    ModelRequest, Response, ScriptedModel, Tool,
 };
-use lineage_log::{
-    ContentBlock, Event, EventBody, Message, MessageSource, SessionId, TurnEndReason, check_seed,
-    is_balanced,
-};
+use lineage_log::{ContentBlock, Event, Message, SessionId};
 use lineage_store::Store;
 use lineage_subagent::{
     Capabilities, ChildOptions, ForkProvider, Lifecycle, ListenerId, Provider, ResolvedStart,
@@ -27,6 +23,14 @@ use lineage_subagent::{
 };
 use tempfile::TempDir;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
+
+pub use crate::agent::{FnTool, drain, lock, plain_tool, run_turn, user, within};
+pub use crate::read::*;
+
+/// The tool results of `events`, in order (the same as [`tool_answers`]).
+pub fn tool_results(events: &[Event]) -> Vec<Answer> {
+    tool_answers(events)
+}
 
 /// The model name parents ask.
 pub const PARENT: &str = "parent";
@@ -42,12 +46,19 @@ pub struct Router {
 }
 
 impl Router {
-    /// The scripted model for `name`.
+    /// The scripted model for `name`: the same one for every call with the same name.
     pub fn model(&self, name: &str) -> Arc<ScriptedModel> {
         lock(&self.routes)
             .entry(name.to_owned())
             .or_insert_with(|| ScriptedModel::new([]))
             .clone()
+    }
+}
+
+impl Router {
+    /// Appends `responses` to the script of the model for `name`.
+    pub fn script(&self, name: &str, responses: impl IntoIterator<Item = Response>) {
+        self.model(name).push(responses);
     }
 }
 
@@ -58,16 +69,25 @@ impl Model for Router {
     }
 }
 
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// A registry and a subagent runtime over a fresh store file in a temporary directory, whose
+/// model is a [`Router`]. The directory (and so the file) lives as long as the harness.
+pub struct Harness {
+    /// The temporary directory holding `agents.lineage`.
+    pub dir: TempDir,
+    /// The store over `dir/agents.lineage`, shared with `agents`.
+    pub store: Store,
+    /// The model of every agent of `agents`, parents and children alike.
+    pub router: Arc<Router>,
+    /// The registry.
+    pub agents: Agents,
+    /// The runtime over `agents`.
+    pub runtime: SubagentRuntime,
 }
 
-pub struct Harness {
-    pub dir: TempDir,
-    pub store: Store,
-    pub router: Arc<Router>,
-    pub agents: Agents,
-    pub runtime: SubagentRuntime,
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Harness {
@@ -119,6 +139,7 @@ impl Harness {
         self.parent_with(parent_spec(Vec::new())).await
     }
 
+    /// A fresh agent with `spec`; panics if the registry refuses it.
     pub async fn parent_with(&self, spec: AgentSpec) -> Arc<Agent> {
         self.agents
             .create(CreateAgent::fresh(spec))
@@ -188,10 +209,13 @@ pub fn reopen(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) 
 /// What is stored and what is live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Footprint {
+    /// The ids of the stored sessions.
     pub stored: BTreeSet<SessionId>,
+    /// The ids of the resident agents.
     pub live: BTreeSet<SessionId>,
 }
 
+/// Options naming the scripted endpoint and the [`PARENT`] model, 1024 tokens, depth 0.
 pub fn parent_options() -> AgentOptions {
     AgentOptions {
         endpoint: Some("scripted".into()),
@@ -201,6 +225,7 @@ pub fn parent_options() -> AgentOptions {
     }
 }
 
+/// A spec with [`parent_options`] and `tools`.
 pub fn parent_spec(tools: Vec<Arc<dyn Tool>>) -> AgentSpec {
     AgentSpec {
         options: parent_options(),
@@ -225,24 +250,6 @@ pub fn request(parent: &Arc<Agent>, prompt: &str) -> StartRequest {
     }
 }
 
-pub fn user(text: &str) -> Message {
-    Message::user_text(text, MessageSource::User)
-}
-
-/// Sends `text` as a turn and waits until the agent is idle again.
-pub async fn run_turn(agent: &Arc<Agent>, text: &str) {
-    agent.followup(user(text)).expect("the prompt is accepted");
-    within(agent.when_idle()).await;
-}
-
-/// Awaits `f`, failing the test instead of hanging when it cannot finish. The clock is paused,
-/// so the limit is reached only when every task is blocked: it never times a healthy wait.
-pub async fn within<F: Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(3600), f)
-        .await
-        .expect("the awaited operation finishes (everything is blocked otherwise)")
-}
-
 /// Expects `result` to be a refusal and returns it.
 pub fn refusal<T: std::fmt::Debug>(result: Result<T, SubagentError>) -> SubagentError {
     match result {
@@ -261,81 +268,6 @@ pub fn listen(runtime: &SubagentRuntime) -> (ListenerId, UnboundedReceiver<Lifec
     (id, rx)
 }
 
-/// The events received so far, without waiting.
-pub fn drain<T>(rx: &mut UnboundedReceiver<T>) -> Vec<T> {
-    let mut out = Vec::new();
-    while let Ok(event) = rx.try_recv() {
-        out.push(event);
-    }
-    out
-}
-
-/// The display names of `events`.
-pub fn kinds(events: &[Event]) -> Vec<&'static str> {
-    events.iter().map(|e| e.kind().name()).collect()
-}
-
-pub fn turn_ends(events: &[Event]) -> Vec<TurnEndReason> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TurnEnd(end) => Some(end.reason.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The texts of the user messages that entered the history, in order.
-pub fn user_texts(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::UserMessage(m) => Some(m.text()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// One tool result: the call it answers, its text, whether it failed and its error code.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
-    pub call: String,
-    pub text: String,
-    pub is_error: bool,
-    pub code: Option<String>,
-}
-
-/// The tool results of `events`, in order.
-pub fn tool_results(events: &[Event]) -> Vec<Answer> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::ToolResult(r) => match r.message.content.as_slice() {
-                [
-                    ContentBlock::ToolResult {
-                        tool_call_id,
-                        content,
-                        is_error,
-                    },
-                ] => Some(Answer {
-                    call: tool_call_id.to_string(),
-                    text: content
-                        .iter()
-                        .filter_map(|b| match b {
-                            ContentBlock::Text { text } => Some(text.to_string()),
-                            _ => None,
-                        })
-                        .collect(),
-                    is_error: *is_error,
-                    code: r.error.as_ref().map(|e| e.code.to_string()),
-                }),
-                _ => panic!("a tool result holds one tool-result block"),
-            },
-            _ => None,
-        })
-        .collect()
-}
-
 /// The names of the tools a model request offered.
 pub fn tool_names(request: &ModelRequest) -> Vec<String> {
     request.tools.iter().map(|t| t.name.clone()).collect()
@@ -344,61 +276,6 @@ pub fn tool_names(request: &ModelRequest) -> Vec<String> {
 /// The texts of a model request's messages, in order.
 pub fn message_texts(request: &ModelRequest) -> Vec<String> {
     request.messages.iter().map(Message::text).collect()
-}
-
-/// Asserts the log keeps the seed contract and has no open turn.
-pub fn assert_balanced(events: &[Event]) {
-    check_seed(events).expect("the log is valid");
-    assert!(
-        is_balanced(events),
-        "the log ends with an open turn: {:?}",
-        kinds(events)
-    );
-}
-
-type ToolFn =
-    dyn Fn(ToolContext, serde_json::Value) -> BoxFuture<'static, ToolOutput> + Send + Sync;
-
-/// A tool whose call is a closure.
-pub struct FnTool {
-    name: &'static str,
-    call: Box<ToolFn>,
-}
-
-impl FnTool {
-    pub fn new<F, Fut>(name: &'static str, call: F) -> Arc<Self>
-    where
-        F: Fn(ToolContext, serde_json::Value) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ToolOutput> + Send + 'static,
-    {
-        Arc::new(FnTool {
-            name,
-            call: Box::new(move |ctx, args| Box::pin(call(ctx, args))),
-        })
-    }
-}
-
-impl Tool for FnTool {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn description(&self) -> &str {
-        "a test tool"
-    }
-
-    fn input_schema(&self) -> serde_json::Value {
-        serde_json::json!({"type": "object"})
-    }
-
-    fn call(&self, ctx: ToolContext, arguments: serde_json::Value) -> BoxFuture<'_, ToolOutput> {
-        (self.call)(ctx, arguments)
-    }
-}
-
-/// A tool named `name` that answers `ok`.
-pub fn plain_tool(name: &'static str) -> Arc<dyn Tool> {
-    FnTool::new(name, |_, _| async { ToolOutput::text("ok") })
 }
 
 /// A result that ended with `stop_reason`, `text` as output, and `diagnostic`.
@@ -417,11 +294,14 @@ pub fn result(stop_reason: StopReason, text: &str, diagnostic: Option<&str>) -> 
 
 /// What a canned run resolves with and what its disposal returns.
 pub struct Canned {
+    /// What the run resolves with.
     pub result: Result<SubagentResult, SubagentError>,
+    /// What disposing of the run returns.
     pub dispose: Result<(), SubagentError>,
 }
 
 impl Canned {
+    /// A run that resolves with `result` and disposes cleanly.
     pub fn ok(result: SubagentResult) -> Self {
         Canned {
             result: Ok(result),
@@ -431,7 +311,8 @@ impl Canned {
 }
 
 /// A provider that creates no agent: each start hands back a remote-style run (no local agent)
-/// with the next canned outcome, and records what it was asked.
+/// with the next canned outcome (a completed `canned answer` once they run out), and records what it
+/// was asked and how many of its runs were disposed.
 pub struct CannedProvider {
     name: String,
     capabilities: Capabilities,
@@ -442,6 +323,8 @@ pub struct CannedProvider {
 }
 
 impl CannedProvider {
+    /// A provider registered as `name`, declaring `capabilities`, that does not inherit the
+    /// parent's context.
     pub fn new(name: &str, capabilities: Capabilities) -> Arc<Self> {
         Arc::new(CannedProvider {
             name: name.to_owned(),
@@ -453,6 +336,7 @@ impl CannedProvider {
         })
     }
 
+    /// Queues `outcome` for the next start.
     pub fn push(&self, outcome: Canned) {
         lock(&self.outcomes).push_back(outcome);
     }

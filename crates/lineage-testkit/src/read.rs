@@ -1,0 +1,104 @@
+//! Readers of logs for assertions: what kinds of events a log holds, how its turns ended, what
+//! was said, and what the tools answered. They read; they never repair or reorder.
+
+use lineage_log::{ContentBlock, Event, EventBody, TurnEndReason, check_seed, is_balanced};
+
+/// The display names of `events` (`turn/start`, `tool/result`, …), in log order.
+pub fn kinds(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(|e| e.kind().name()).collect()
+}
+
+/// The reasons of every `turn/end` in `events`, in log order.
+pub fn turn_ends(events: &[Event]) -> Vec<TurnEndReason> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TurnEnd(end) => Some(end.reason.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The texts of the user messages that entered the history (`user/message` events), in order.
+pub fn user_texts(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::UserMessage(m) => Some(m.text()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The texts of the assistant messages (`assistant/message` events), in order.
+pub fn assistant_texts(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AssistantMessage(m) => Some(m.message.text()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One tool result: the call it answers, its text, whether it failed and its error code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The call id the result answers.
+    pub call: String,
+    /// The text blocks of the result, concatenated.
+    pub text: String,
+    /// The result block's `is_error`.
+    pub is_error: bool,
+    /// The error code of the `tool/result`, if it carries an error.
+    pub code: Option<String>,
+}
+
+/// The tool results (`tool/result` events) of `events`, in order. Panics if a result's message is
+/// not exactly one tool-result block, which the log's shape rules forbid.
+pub fn tool_answers(events: &[Event]) -> Vec<Answer> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::ToolResult(r) => match r.message.content.as_slice() {
+                [
+                    ContentBlock::ToolResult {
+                        tool_call_id,
+                        content,
+                        is_error,
+                    },
+                ] => Some(Answer {
+                    call: tool_call_id.to_string(),
+                    text: content
+                        .iter()
+                        .filter_map(|b| match b {
+                            ContentBlock::Text { text } => Some(text.to_string()),
+                            _ => None,
+                        })
+                        .collect(),
+                    is_error: *is_error,
+                    code: r.error.as_ref().map(|e| e.code.to_string()),
+                }),
+                _ => panic!(
+                    "the tool result at seq {} holds {} blocks, not one tool-result block",
+                    e.seq,
+                    r.message.content.len()
+                ),
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asserts the log keeps the seed contract (every event valid where it stands) and has no open
+/// turn; the failure names the first invalid event or lists the log's kinds.
+pub fn assert_balanced(events: &[Event]) {
+    if let Err(e) = check_seed(events) {
+        panic!("the log is valid: {e}");
+    }
+    assert!(
+        is_balanced(events),
+        "the log ends with an open turn: {:?}",
+        kinds(events)
+    );
+}

@@ -4,48 +4,22 @@
 //! interrupted, the child keeps its depth, policy and descriptor, runs the new message, settles,
 //! and the parent gets the notice.
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lineage::agent::{
-    AgentEvent, AgentOptions, AgentSpec, Agents, Cancellation, ChunkStream, CreateAgent, Model,
-    ModelRequest, Response, ScriptedModel,
+    AgentEvent, AgentOptions, AgentSpec, Agents, Cancellation, CreateAgent, Response,
 };
 use lineage::log::{
     ContentBlock, EventBody, Message, MessageSource, SessionId, TurnEndReason, fold_descriptor,
 };
 use lineage::store::Store;
 use lineage::subagent::{ChildOptions, ContinuableRequest, SpawnProvider, SubagentRuntime};
+use lineage_testkit::process::{crash_after_report, helper_command, report_line};
+use lineage_testkit::read::turn_ends;
+use lineage_testkit::subagent::Router;
 
 /// Names the store the host process writes; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_SUBAGENT_CRASH_STORE";
-
-/// Answers each request with the next response scripted for its model name.
-#[derive(Default)]
-struct ByModel(Mutex<HashMap<String, Arc<ScriptedModel>>>);
-
-impl ByModel {
-    fn script(&self, name: &str, responses: impl IntoIterator<Item = Response>) {
-        self.model(name).push(responses);
-    }
-
-    fn model(&self, name: &str) -> Arc<ScriptedModel> {
-        self.0
-            .lock()
-            .unwrap()
-            .entry(name.to_owned())
-            .or_insert_with(|| ScriptedModel::new([]))
-            .clone()
-    }
-}
-
-impl Model for ByModel {
-    fn stream(&self, request: ModelRequest) -> ChunkStream {
-        self.model(request.model.as_str()).stream(request)
-    }
-}
 
 fn lead_spec() -> AgentSpec {
     AgentSpec {
@@ -68,7 +42,7 @@ async fn crash_host_child() {
         return;
     };
     let store = Store::open(&path).expect("the host opens the store");
-    let model = Arc::new(ByModel::default());
+    let model = Arc::new(Router::default());
     model.script("worker", [Response::hang()]);
     model.script("lead", [Response::text("on it")]);
     let agents = Agents::new(store, model.clone());
@@ -96,40 +70,20 @@ async fn crash_host_child() {
         .await
         .expect("the child starts");
     model.model("worker").wait_for_requests(1).await;
-    let mut out = std::io::stdout();
-    writeln!(out, "\nreached {} {}", lead.id(), started.child).expect("stdout is open");
-    out.flush().expect("stdout is open");
+    report_line(&format!("reached {} {}", lead.id(), started.child));
     std::future::pending::<()>().await;
 }
 
 /// Runs the host until its child is mid-turn, kills it, and returns the lead's and child's ids.
 fn crash_host(path: &std::path::Path) -> (SessionId, SessionId) {
-    let mut host = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_host_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(STORE_VAR, path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the host starts");
-    let stdout = host.stdout.take().expect("piped stdout");
-    let mut ids = None;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("the host's stdout reads");
-        if let Some(rest) = line.strip_prefix("reached ") {
-            let mut parts = rest.split_whitespace().map(|p| p.parse().expect("an id"));
-            ids = Some((parts.next().expect("lead"), parts.next().expect("child")));
-            break;
-        }
-    }
-    host.kill().expect("the host is killed");
-    host.wait().expect("the host is reaped");
-    ids.expect("the host reached the child's turn before it was killed")
+    let reached = crash_after_report(
+        helper_command("crash_host_child").env(STORE_VAR, path),
+        "reached ",
+    );
+    let mut parts = reached
+        .split_whitespace()
+        .map(|p| p.parse().expect("an id"));
+    (parts.next().expect("lead"), parts.next().expect("child"))
 }
 
 #[tokio::test]
@@ -140,7 +94,7 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
 
     // A new process: same file, no provider.
     let store = Store::open(&path).expect("the store opens after the crash");
-    let model = Arc::new(ByModel::default());
+    let model = Arc::new(Router::default());
     model.script("worker", [Response::text("indexed 12 files")]);
     model.script("lead", [Response::text("thanks")]);
     let agents = Agents::new(store.clone(), model.clone());
@@ -176,14 +130,10 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
     store.flush_all().unwrap();
 
     let events = store.read_from(child_id, 0).unwrap();
-    let ends: Vec<TurnEndReason> = events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TurnEnd(end) => Some(end.reason.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(ends, [TurnEndReason::Interrupted, TurnEndReason::Completed]);
+    assert_eq!(
+        turn_ends(&events),
+        [TurnEndReason::Interrupted, TurnEndReason::Completed]
+    );
     let asked: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.body {

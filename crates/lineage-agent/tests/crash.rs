@@ -2,16 +2,13 @@
 //! as interrupted, a call that was recorded as started is answered `TOOL_OUTCOME_UNKNOWN`, and
 //! the next turn continues the numbering with the model seeing the synthetic result.
 
-mod common;
-
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{Agents, CreateAgent, Response, ScriptedModel, ToolOutput};
 use lineage_log::{EventBody, SessionId, TOOL_OUTCOME_UNKNOWN, TurnEndReason};
 use lineage_store::Store;
+use lineage_testkit::agent::*;
+use lineage_testkit::process::{crash_after_report, helper_command, report_line};
 
 /// Names the store file the host process writes; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_AGENT_CRASH_STORE";
@@ -57,42 +54,19 @@ async fn crash_host_child() {
         "tool" => reached.recv().await.expect("the tool runs"),
         _ => model.wait_for_requests(1).await,
     }
-    let mut out = std::io::stdout();
-    writeln!(out, "reached {}", agent.id()).expect("stdout is open");
-    out.flush().expect("stdout is open");
+    report_line(&format!("reached {}", agent.id()));
     std::future::pending::<()>().await;
 }
 
 /// Runs the host until it reports `point`, kills it, and returns the agent's id.
 fn crash_host_at(path: &std::path::Path, point: &str) -> SessionId {
-    let mut child: Child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_host_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(STORE_VAR, path)
-        .env(POINT_VAR, point)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the host process starts");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut id = None;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("the host's stdout reads");
-        // libtest prints `test crash_host_child ... ` before the helper's own output, on the
-        // same line.
-        if let Some((_, rest)) = line.split_once("reached ") {
-            id = Some(rest.trim().parse().expect("the host prints a session id"));
-            break;
-        }
-    }
-    child.kill().expect("the host is killed");
-    child.wait().expect("the host is reaped");
-    id.expect("the host reached the point before it was killed")
+    let reached = crash_after_report(
+        helper_command("crash_host_child")
+            .env(STORE_VAR, path)
+            .env(POINT_VAR, point),
+        "reached ",
+    );
+    reached.parse().expect("the host prints a session id")
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,14 +1,12 @@
 //! An agent that never wrote anything holds no durable session: disposing of it frees its id, and
 //! a fork of it inherits nothing. An agent that wrote keeps its id.
 
-mod common;
-
-use common::*;
 use lineage_agent::{AgentError, CreateAgent, Seed};
 use lineage_log::{
     ApprovalPolicy, EventBody, EventKind, Header, PolicySource, SessionId, SessionLineage,
 };
 use lineage_store::StoreError;
+use lineage_testkit::agent::*;
 
 fn fresh_with_id(id: SessionId) -> CreateAgent {
     let mut create = CreateAgent::fresh(spec());

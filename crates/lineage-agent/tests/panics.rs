@@ -7,16 +7,11 @@
 //! Time is paused and every wait is bounded, so a regression fails instead of hanging: the limit
 //! is only reached once every task is blocked.
 
-mod common;
-
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use common::*;
 use futures_core::Stream;
 use lineage_agent::{
     Agent, AgentSpec, AgentStatus, Agents, BoxFuture, ChunkStream, CreateAgent, Gate, HOOK_FAILED,
@@ -25,13 +20,7 @@ use lineage_agent::{
 };
 use lineage_log::{EventBody, EventKind, InboxTarget, ModelFailure, StreamChunk, TurnEndReason};
 use lineage_store::Store;
-
-/// Awaits `f`, failing the test instead of hanging when it cannot finish.
-async fn within<F: Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(3600), f)
-        .await
-        .expect("the awaited operation finishes (everything is blocked otherwise)")
-}
+use lineage_testkit::agent::*;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -1,17 +1,15 @@
 //! The registry: create with rollback, the exact live `Arc`, memoized disposal, resume from the
 //! store with numbering continued and restored work left parked, and fork seeds.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{AgentError, AgentSpec, AgentStatus, CreateAgent, Response, Seed};
 use lineage_log::{
     AbortCause, Digest, Event, EventBody, EventKind, Header, InboxTarget, SessionId,
     SessionLineage, StepStart, Text, ToolFilter, TurnEndReason, TurnStart,
 };
 use lineage_store::StoreError;
+use lineage_testkit::agent::*;
 
 fn fresh_with_id(id: SessionId) -> CreateAgent {
     let mut create = CreateAgent::fresh(spec());

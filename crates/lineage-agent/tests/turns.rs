@@ -4,18 +4,16 @@
 //! Every test is deterministic: time is paused, models are scripted and held by gates, and tests
 //! wait on the agent's own events, never on sleeps.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::*;
 use lineage_agent::{
     ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError, Hooks,
     INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Queued, Response, SCRIPT_EXHAUSTED,
     TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{AbortCause, EventBody, EventKind, InboxTarget, Text, ToolFilter, TurnEndReason};
+use lineage_testkit::agent::*;
 
 fn aborted(cause: AbortCause) -> TurnEndReason {
     TurnEndReason::Aborted { cause }

@@ -2,12 +2,10 @@
 //! the failures of best-effort work (a disposal's final flush) as events and as the disposal's
 //! outcome.
 
-mod common;
-
-use common::*;
 use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, Queued, RegistryEvent};
 use lineage_log::{AbortCause, ApprovalPolicy, EventBody, InboxTarget, PolicySource};
 use lineage_store::StoreError;
+use lineage_testkit::agent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn policy(name: &str) -> EventBody {

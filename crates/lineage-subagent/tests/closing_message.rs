@@ -2,14 +2,12 @@
 //! every content block, tool calls included, in the parent's settlement notice and in
 //! `subagent/end`. The notice's summary is its whole first line, full child id included.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{Agent, AgentEvent, Gate, Response, ToolOutput};
 use lineage_log::{CallId, ContentBlock, Message, MessageSource, SessionId};
 use lineage_subagent::{ContinuableRequest, Lifecycle, StopReason};
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn continuable(parent: &Arc<Agent>, prompt: &str) -> ContinuableRequest {

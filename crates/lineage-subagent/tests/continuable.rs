@@ -4,11 +4,8 @@
 //! Every test is deterministic: time is paused, child models are held by gates, and tests wait on
 //! agents' own events, never on sleeps.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{AgentEvent, AgentStatus, Cancellation, Gate, Response};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, EventBody, MessageSource, PolicySource, SandboxMode,
@@ -19,6 +16,7 @@ use lineage_subagent::{
     Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, SpawnProvider,
     StopReason, SubagentRuntime,
 };
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// A continuable request from `parent` whose child asks the model `model`.

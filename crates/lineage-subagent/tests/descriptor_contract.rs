@@ -4,15 +4,13 @@
 //! own children still listed below it, and cold resume refuses it with `NOT_RESUMABLE`. Stores
 //! written before the contract may hold such descriptors; today's store refuses to write them.
 
-mod common;
-
-use common::*;
 use lineage_agent::Cancellation;
 use lineage_log::{
     ContentBlock, DescriptorMode, Digest, Event, EventBody, Header, MessageSource, SessionId,
     SessionLineage, SubagentDescriptor, Text, ToolFilter, with_log_facts,
 };
 use lineage_subagent::{DiagnosticReason, ErrorCode, ListingRow};
+use lineage_testkit::subagent::*;
 
 fn lineage(parent: SessionId, depth: u32) -> SessionLineage {
     SessionLineage {

@@ -1,14 +1,12 @@
 //! A one-shot run's disposal failing after the run finished: the `subagent` tool still reports
 //! what the run produced, and after it that the disposal failed.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::Response;
 use lineage_subagent::tools::{SubagentTool, SubagentToolConfig};
 use lineage_subagent::{Capabilities, ErrorCode, StopReason, SubagentError};
+use lineage_testkit::subagent::*;
 use serde_json::json;
 
 fn delegation(id: &str) -> Response {

@@ -5,18 +5,16 @@
 //! child's id the moment the cancellation wakes it, so the order observed is the order the
 //! cancellations fired, not the order the scheduler later runs the woken tasks in.
 
-mod common;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
-use common::*;
 use lineage_agent::{Agent, Response, ToolOutput};
 use lineage_log::{AbortCause, SessionId};
 use lineage_subagent::{ContinuableRequest, SubagentRuntime};
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc;
 
 type Order = Arc<Mutex<Vec<(SessionId, AbortCause)>>>;

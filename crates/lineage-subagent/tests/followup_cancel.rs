@@ -4,16 +4,14 @@
 //! Deterministic: time is paused; the cancellation fires from inside the resume (a setup
 //! contribution, which every activation installs) or before the call.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::*;
 use lineage_agent::{Cancellation, CreateAgent, Response};
 use lineage_log::{AbortCause, ContentBlock, MessageSource, SessionId};
 use lineage_subagent::{
     ContinuableRequest, ContinuableSetup, ErrorCode, Installed, Lifecycle, SubagentRuntime,
 };
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {

@@ -5,11 +5,8 @@
 //!
 //! Deterministic: time is paused and tests wait on lifecycle events, never on sleeps.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{
     Agents, BoxFuture, Cancellation, HookError, Hooks, PreStep, PreStepDecision, Response,
 };
@@ -18,6 +15,7 @@ use lineage_subagent::{
     ContinuableRequest, ContinuableSetup, Installed, Lifecycle, SpawnProvider, StopReason,
     SubagentRuntime,
 };
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Refuses any step whose input mentions "forbidden".

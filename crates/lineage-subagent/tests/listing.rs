@@ -1,9 +1,6 @@
 //! Listing under a cancellation: a listing whose cancellation has fired stops with `CANCELLED`,
 //! never with rows, whether it is asked for directly or through the `list_agents` tool.
 
-mod common;
-
-use common::*;
 use lineage_agent::{Cancellation, Tool, ToolContext};
 use lineage_log::{
     AbortCause, DescriptorMode, Digest, Event, EventBody, Header, SessionId, SessionLineage,
@@ -11,6 +8,7 @@ use lineage_log::{
 };
 use lineage_subagent::tools::ListAgentsTool;
 use lineage_subagent::{ErrorCode, ListingRow};
+use lineage_testkit::subagent::*;
 use serde_json::json;
 
 /// Stores a continuable child of `parent` at `depth`, labelled `label`, and returns its id.

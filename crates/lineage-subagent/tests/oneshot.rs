@@ -2,12 +2,9 @@
 //! events and header, depth, the policy fixed at delegation time, results, lifecycle events, the
 //! `subagent` tool and tool filters.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::*;
 use lineage_agent::{
     AgentOptions, AgentSpec, CreateAgent, Gate, INVALID_ARGUMENTS, Queued, Response,
     TOOL_NOT_AVAILABLE, Tool, ToolOutput,
@@ -24,6 +21,7 @@ use lineage_subagent::{
     SubagentError, SubagentRun, SubagentRuntime,
 };
 use lineage_testkit::running_digests;
+use lineage_testkit::subagent::*;
 use serde_json::json;
 
 // ----- helpers -----------------------------------------------------------------------------------

@@ -3,14 +3,12 @@
 //!
 //! Time is paused and every wait is bounded (`within`), so a regression fails instead of hanging.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{AgentEvent, Cancellation, Response};
 use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
 use lineage_subagent::{ChildOptions, ContinuableRequest, Lifecycle, StopReason, SubagentRuntime};
+use lineage_testkit::subagent::*;
 use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedReceiver;
 

@@ -4,14 +4,12 @@
 //!
 //! Deterministic: time is paused and the tests wait on the runtime's own lifecycle events.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{Cancellation, CreateAgent, ModelRequest, Response};
 use lineage_log::{ContentBlock, MessageSource, SessionId};
 use lineage_subagent::{ChildOptions, ContinuableRequest, Lifecycle, SpawnProvider};
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {

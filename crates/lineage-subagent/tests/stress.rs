@@ -29,14 +29,11 @@
 //! `LINEAGE_STRESS_SEED=<n>` runs that one seed, `LINEAGE_STRESS_SEED=<n>..<m>` a range, and
 //! `LINEAGE_STRESS_OPS=<n>` sets the operations per case.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use lineage_agent::{Agent, AgentStatus, Cancellation, Gate, Inbox, Response};
 use lineage_log::{
     ContentBlock, Event, EventBody, Message, MessageId, MessageSource, RunId, SessionId,
@@ -48,6 +45,7 @@ use lineage_subagent::{
     ReportDelivery, SubagentError,
 };
 use lineage_testkit::SplitMix64;
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::task::JoinHandle;
 

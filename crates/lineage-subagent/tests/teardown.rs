@@ -6,15 +6,13 @@
 //!
 //! Deterministic: time is paused and child models are held by gates.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use lineage_agent::{Agent, AgentEvent, Diagnostic, DiagnosticKind, Gate, RegistryEvent, Response};
 use lineage_log::{ApprovalPolicy, ContentBlock, Event, EventBody, MessageSource, PolicySource};
 use lineage_store::StoreError;
 use lineage_subagent::{ContinuableRequest, ErrorCode, Lifecycle, StopReason};
+use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn continuable(parent: &Arc<Agent>, model: &str) -> ContinuableRequest {

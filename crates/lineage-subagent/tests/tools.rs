@@ -5,12 +5,9 @@
 //! Every test is deterministic: time is paused, models are held by gates, and tests wait on
 //! agents' and the runtime's own events, never on sleeps.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
 use lineage_agent::{
     Agent, AgentStatus, Cancellation, Gate, INVALID_ARGUMENTS, Queued, Response,
     TOOL_NOT_AVAILABLE, ToolOutput,
@@ -28,6 +25,7 @@ use lineage_subagent::{
     Capabilities, ChildOptions, ContinuableRequest, DiagnosticReason, ErrorCode, Lifecycle,
     ListingRow, ReportDelivery, SpawnProvider, StartRequest,
 };
+use lineage_testkit::subagent::*;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::task::JoinHandle;

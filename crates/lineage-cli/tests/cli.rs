@@ -2,10 +2,8 @@
 //! output, exit codes and error sentences, a damaged copy of a store, and a store that another
 //! process keeps appending to while the commands read it.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lineage_log::{
@@ -15,6 +13,7 @@ use lineage_log::{
 };
 use lineage_store::Store;
 use lineage_testkit::ev;
+use lineage_testkit::process::{Helper, helper_command, report_line, wait_for_line};
 use serde_json::Value;
 
 /// Creation time of every session built here: 2025-06-15T15:06:40Z.
@@ -128,27 +127,15 @@ fn mid(n: u64) -> lineage_log::MessageId {
 
 /// `bodies` as consecutive events from `first_seq`, a second apart.
 fn numbered(first_seq: u64, bodies: Vec<EventBody>) -> Vec<Event> {
-    bodies
-        .into_iter()
-        .zip(first_seq..)
-        .map(|(body, seq)| Event::new(seq, T0 as i64 + 1_000 * seq as i64, body))
-        .collect()
+    ev::numbered(first_seq, T0 as i64, 1_000, bodies)
 }
 
 /// One completed turn of six events: turn/start, step/start, the user's `text`, an answer,
 /// step/end, turn/end.
 fn simple_turn(turn: TurnNo, first_seq: u64, text: &str) -> Vec<Event> {
-    numbered(
-        first_seq,
-        vec![
-            ev::turn_start(turn),
-            ev::step_start(turn, 1),
-            ev::user(mid(first_seq), text),
-            ev::assistant_text(turn, 1, mid(first_seq + 1), &format!("answer to {text}")),
-            ev::step_end(turn, 1),
-            ev::turn_completed(turn),
-        ],
-    )
+    let answer = format!("answer to {text}");
+    let bodies = ev::completed_turn(turn, mid(first_seq), text, mid(first_seq + 1), &answer);
+    numbered(first_seq, bodies)
 }
 
 /// The root session's log (21 events): turn 1 queued and claimed through the inbox, a grep call
@@ -994,15 +981,6 @@ const WRITER_STORE_VAR: &str = "LINEAGE_CLI_TEST_WRITER_STORE";
 /// The session the writer helper fills.
 const WRITER_SESSION_VAR: &str = "LINEAGE_CLI_TEST_WRITER_SESSION";
 
-/// Writes one line to stdout and flushes it; exits when the reader is gone.
-fn report_line(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-        std::process::exit(0);
-    }
-}
-
 /// The writer process: opens the store for writing, appends a turn, says `ready <len>`, then keeps
 /// appending a turn every few milliseconds and saying `appended <len>`, until it is killed (or,
 /// as a backstop, after a minute).
@@ -1048,66 +1026,13 @@ fn idle_writer_child() {
 }
 
 /// Starts the helper test `name` in a process of its own, writing to the store at `path`.
-fn helper(name: &str, path: &Path, session: Option<SessionId>) -> Reaped {
-    let exe = std::env::current_exe().expect("the test binary knows its path");
-    let mut command = Command::new(exe);
-    command
-        .args([
-            "--exact",
-            name,
-            "--nocapture",
-            "--include-ignored",
-            "--test-threads=1",
-        ])
-        .env(WRITER_STORE_VAR, path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+fn helper(name: &str, path: &Path, session: Option<SessionId>) -> Helper {
+    let mut command = helper_command(name);
+    command.env(WRITER_STORE_VAR, path);
     if let Some(session) = session {
         command.env(WRITER_SESSION_VAR, session.to_string());
     }
-    Reaped(command.spawn().expect("the helper starts"))
-}
-
-/// A child process killed and reaped when dropped, so a failing test leaves none running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The lines a child prints, read on a thread so the child never blocks on a full pipe.
-fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// The next line from `rx` for which `pick` gives a value, within a generous deadline.
-fn wait_for<T>(rx: &mpsc::Receiver<String>, mut pick: impl FnMut(&str) -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                if let Some(value) = pick(&line) {
-                    return value;
-                }
-            }
-            Err(e) => panic!("no expected line before the deadline: {e}"),
-        }
-    }
+    Helper::spawn(&mut command)
 }
 
 /// The length in a writer line `ready <len>` or `appended <len>`. The test harness may print its
@@ -1125,8 +1050,8 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     let path = dir.path().join("live.lineage");
     let session = SessionId::new();
     let mut writer = helper("live_writer_child", &path, Some(session));
-    let writes = lines_of(&mut writer.0);
-    wait_for(&writes, |l| l.contains("ready ").then_some(()));
+    let writes = writer.lines();
+    wait_for_line(&writes, |l| l.contains("ready ").then_some(()));
     let id = session.to_string();
     let p = s(&path);
 
@@ -1144,7 +1069,7 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
 
     // The listing grows as the writer commits.
     let target = before + 30;
-    wait_for(&writes, |l| written(l).filter(|&n| n >= target));
+    wait_for_line(&writes, |l| written(l).filter(|&n| n >= target));
     let after = run(&["ls", p, "--json"]).ok().json()[0]["events"]
         .as_u64()
         .unwrap();
@@ -1154,7 +1079,7 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     );
 
     // `tail -f` prints events committed after it started, in order, without gaps.
-    let mut tail = Reaped(
+    let mut tail = Helper(
         lineage(&[
             "tail",
             "-f",
@@ -1171,9 +1096,9 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
         .spawn()
         .expect("tail starts"),
     );
-    let followed = lines_of(&mut tail.0);
-    let first: Value =
-        serde_json::from_str(&wait_for(&followed, |l| Some(l.to_owned()))).expect("JSON Lines");
+    let followed = tail.lines();
+    let first: Value = serde_json::from_str(&wait_for_line(&followed, |l| Some(l.to_owned())))
+        .expect("JSON Lines");
     // The writer's latest length once tail has read: everything past it (and a margin for a
     // commit not yet reported) was appended while tail was following.
     let latest = writes
@@ -1184,7 +1109,7 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
     let goal = latest + 60;
     let mut seqs = vec![first["seq"].as_u64().expect("a seq")];
     let mut texts = Vec::new();
-    wait_for(&followed, |line| {
+    wait_for_line(&followed, |line| {
         let event: Value = serde_json::from_str(line).expect("JSON Lines");
         let seq = event["seq"].as_u64().expect("a seq");
         if let Some(t) = event["body"]["data"]["content"][0]["Text"]["text"].as_str() {
@@ -1206,7 +1131,7 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
         tail.0.try_wait().unwrap().is_none(),
         "tail -f keeps following"
     );
-    wait_for(&writes, |l| written(l).filter(|&n| n > goal));
+    wait_for_line(&writes, |l| written(l).filter(|&n| n > goal));
     drop(tail);
 
     // A writer killed mid-work leaves the file for the next writer to recover; meanwhile every
@@ -1249,8 +1174,8 @@ fn commands_read_a_store_whose_writer_was_killed_right_after_opening_it() {
 
     // A writer opens the store, writes nothing, and is killed.
     let mut writer = helper("idle_writer_child", &f.path, None);
-    let said = lines_of(&mut writer.0);
-    wait_for(&said, |l| l.contains("opened").then_some(()));
+    let said = writer.lines();
+    wait_for_line(&said, |l| l.contains("opened").then_some(()));
     drop(writer);
     let bytes = std::fs::read(&f.path).unwrap();
 

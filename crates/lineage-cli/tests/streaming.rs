@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use lineage_log::{Header, SessionId};
 use lineage_store::Store;
+use lineage_testkit::process::helper_command;
 use lineage_testkit::realistic_session;
 
 /// Events in the large session.
@@ -95,13 +96,11 @@ fn build_store_child() {
 /// A store holding one realistic session of `events` events, built by another process.
 fn store_with_session(dir: &Path, events: usize) -> (std::path::PathBuf, SessionId) {
     let path = dir.join("large.lineage");
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "build_store_child", "--nocapture"])
+    let output = helper_command("build_store_child")
         .env(BUILD_STORE_VAR, &path)
         .env(BUILD_EVENTS_VAR, events.to_string())
-        .stdin(Stdio::null())
         .output()
-        .unwrap();
+        .expect("the builder process runs");
     let stdout = String::from_utf8(output.stdout).unwrap();
     let id = stdout
         .split("built ")

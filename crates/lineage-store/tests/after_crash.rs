@@ -14,6 +14,7 @@ use common::*;
 use lineage_log::SessionId;
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
+use lineage_testkit::process::{Helper, helper_command, report_line};
 
 /// Names the store file the helper opens; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_STORE_AFTER_CRASH_STORE";
@@ -62,7 +63,7 @@ struct Writer {
 
 impl Writer {
     fn start(path: &Path, seed: Option<u64>) -> Writer {
-        let mut command = helper_process("after_crash_writer_child");
+        let mut command = helper_command("after_crash_writer_child");
         command.env(STORE_VAR, path);
         if let Some(seed) = seed {
             command.env(SEED_VAR, seed.to_string());

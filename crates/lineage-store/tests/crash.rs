@@ -11,6 +11,7 @@ use common::*;
 use lineage_log::{SessionId, is_balanced};
 use lineage_store::{Store, StoreError};
 use lineage_testkit::SplitMix64;
+use lineage_testkit::process::{Helper, helper_command, report_line};
 
 /// Names the store file the helper writes to; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_STORE_CRASH_STORE";
@@ -92,7 +93,7 @@ fn killed_writers_lose_nothing_they_flushed() {
     for iteration in 0..KILLS {
         let seed = rng.next_u64();
         let mut helper = Helper::spawn(
-            helper_process("crash_writer_child")
+            helper_command("crash_writer_child")
                 .env(STORE_VAR, &path)
                 .env(SEED_VAR, seed.to_string()),
         );

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lineage_store::{Store, StoreError, StoreOptions};
+use lineage_testkit::process::{Helper, helper_command, report_line};
 use redb::StorageBackend;
 use redb::backends::FileBackend;
 
@@ -46,7 +47,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 
 /// A creator process that has printed `ready`, and the moment the line arrived.
 fn start_creator(path: &Path) -> (Helper, std::io::Lines<BufReader<std::process::ChildStdout>>) {
-    let mut helper = Helper::spawn(helper_process("creator_child").env(STORE_VAR, path));
+    let mut helper = Helper::spawn(helper_command("creator_child").env(STORE_VAR, path));
     let mut lines = BufReader::new(helper.0.stdout.take().expect("piped stdout")).lines();
     loop {
         match lines.next() {

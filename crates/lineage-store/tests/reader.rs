@@ -11,6 +11,7 @@ use common::*;
 use lineage_log::{Event, SessionId};
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
+use lineage_testkit::process::{Helper, helper_command, report_line};
 
 /// Names the store file the reader follows; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_STORE_READER_STORE";
@@ -159,7 +160,7 @@ fn a_read_only_reader_in_another_process_sees_only_committed_prefixes() {
         .map(|(id, seed)| format!("{id}:{seed}"))
         .collect();
     let mut helper = Helper::spawn(
-        helper_process("follow_reader_child")
+        helper_command("follow_reader_child")
             .env(STORE_VAR, &path)
             .env(SESSIONS_VAR, pairs.join(","))
             .env(SENTINEL_VAR, sentinel.to_string()),

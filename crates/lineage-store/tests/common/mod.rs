@@ -162,11 +162,7 @@ pub fn at(seq: u64, body: EventBody) -> Event {
 
 /// `bodies` as consecutive events starting at `first_seq`.
 pub fn events_from(first_seq: u64, bodies: Vec<EventBody>) -> Vec<Event> {
-    bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| at(first_seq + i as u64, body))
-        .collect()
+    ev::numbered(first_seq, T0 as i64, 10, bodies)
 }
 
 /// A message id unique to `(seq, salt)`.
@@ -177,17 +173,8 @@ pub fn mid(seq: u64, salt: u64) -> lineage_log::MessageId {
 /// One completed turn `turn` starting at `first_seq`: turn/start, step/start, the user's `text`,
 /// the answer, step/end, turn/end. Six events.
 pub fn completed_turn(turn: TurnNo, first_seq: u64, text: &str) -> Vec<Event> {
-    events_from(
-        first_seq,
-        vec![
-            ev::turn_start(turn),
-            ev::step_start(turn, 1),
-            ev::user(mid(first_seq, 1), text),
-            ev::assistant_text(turn, 1, mid(first_seq, 2), "done"),
-            ev::step_end(turn, 1),
-            ev::turn_completed(turn),
-        ],
-    )
+    let bodies = ev::completed_turn(turn, mid(first_seq, 1), text, mid(first_seq, 2), "done");
+    events_from(first_seq, bodies)
 }
 
 /// `turns` completed turns numbered from 1, starting at seq 0.
@@ -366,50 +353,4 @@ pub fn raw_counts(path: &Path) -> (u64, u64) {
     let sessions = txn.open_table(SESSIONS).map_or(0, |t| t.len().unwrap());
     let blocks = txn.open_table(EVENTS).map_or(0, |t| t.len().unwrap());
     (sessions, blocks)
-}
-
-/// This test binary, re-executed to run only the ignored helper test `helper` (which does its work
-/// only when the environment names it a job), with stdout piped back to the caller.
-pub fn helper_process(helper: &str) -> std::process::Command {
-    let exe = std::env::current_exe().expect("the test binary knows its path");
-    let mut command = std::process::Command::new(exe);
-    command
-        .args([
-            "--exact",
-            helper,
-            "--nocapture",
-            "--include-ignored",
-            "--test-threads=1",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit());
-    command
-}
-
-/// Writes one protocol line to stdout and flushes it; exits quietly when the reader is gone.
-pub fn report_line(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-        std::process::exit(0);
-    }
-}
-
-/// A helper process that is killed and reaped when dropped, so a failing test (which unwinds past
-/// it) never leaves one running.
-pub struct Helper(pub std::process::Child);
-
-impl Helper {
-    pub fn spawn(command: &mut std::process::Command) -> Helper {
-        Helper(command.spawn().expect("the helper process starts"))
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        // Already reaped when the test waited for it; both calls then fail harmlessly.
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -6,17 +6,15 @@
 
 use std::sync::Arc;
 
-use lineage::agent::{
-    AgentEvent, AgentOptions, AgentSpec, Agents, Cancellation, CreateAgent, Response,
-};
+use lineage::agent::{AgentOptions, AgentSpec, Agents, Cancellation, CreateAgent, Response};
 use lineage::log::{
     ContentBlock, EventBody, Message, MessageSource, SessionId, TurnEndReason, fold_descriptor,
 };
 use lineage::store::Store;
 use lineage::subagent::{ChildOptions, ContinuableRequest, SpawnProvider, SubagentRuntime};
 use lineage_testkit::process::{crash_after_report, helper_command, report_line};
-use lineage_testkit::read::turn_ends;
-use lineage_testkit::subagent::Router;
+use lineage_testkit::read::{text_lines, turn_ends};
+use lineage_testkit::subagent::{Router, settled_notice};
 
 /// Names the store the host process writes; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_SUBAGENT_CRASH_STORE";
@@ -115,17 +113,8 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
     assert_eq!(child.delegation_depth(), 1);
 
     // The notice reaches the lead once the child has answered and settled.
-    let notice = loop {
-        match lead_events.recv().await.expect("the lead's events") {
-            AgentEvent::InboxInserted { message, .. }
-                if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
-            {
-                break message;
-            }
-            _ => {}
-        }
-    };
-    assert!(text(&notice).contains("indexed 12 files"));
+    let notice = settled_notice(&mut lead_events).await;
+    assert!(text_lines(&notice).contains("indexed 12 files"));
     lead.when_idle().await;
     store.flush_all().unwrap();
 
@@ -137,7 +126,7 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
     let asked: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.body {
-            EventBody::UserMessage(m) => Some(text(m)),
+            EventBody::UserMessage(m) => Some(text_lines(m)),
             _ => None,
         })
         .collect();
@@ -151,16 +140,4 @@ async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_p
         .count();
     assert_eq!(pinned, 1, "the policy was captured once, at creation");
     assert!(store.verify().unwrap().is_ok());
-}
-
-fn text(message: &Message) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.to_string()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }

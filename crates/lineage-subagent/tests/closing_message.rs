@@ -4,64 +4,16 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{Agent, AgentEvent, Gate, Response, ToolOutput};
+use lineage_agent::{Gate, Response, ToolOutput};
 use lineage_log::{CallId, ContentBlock, Message, MessageSource, SessionId};
-use lineage_subagent::{ContinuableRequest, Lifecycle, StopReason};
+use lineage_subagent::{Lifecycle, StopReason};
 use lineage_testkit::subagent::*;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-fn continuable(parent: &Arc<Agent>, prompt: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: lineage_subagent::ChildOptions {
-            model: Some("worker".into()),
-            ..Default::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), "worker job", prompt)
-    }
-}
 
 /// A tool that answers and ends its turn, so the assistant message that called it is the last.
 fn finish_tool() -> Arc<dyn lineage_agent::Tool> {
     FnTool::new("finish", |_, _| async {
         ToolOutput::text("filed").concluding()
     })
-}
-
-async fn notice(events: &mut UnboundedReceiver<AgentEvent>) -> Message {
-    within(async {
-        loop {
-            match events.recv().await {
-                Some(AgentEvent::InboxInserted { message, .. })
-                    if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
-                {
-                    return message;
-                }
-                Some(_) => {}
-                None => panic!("the parent's event stream ended"),
-            }
-        }
-    })
-    .await
-}
-
-async fn end_of(
-    life: &mut UnboundedReceiver<Lifecycle>,
-    child: SessionId,
-) -> (StopReason, Option<Vec<ContentBlock>>) {
-    within(async {
-        loop {
-            match life.recv().await {
-                Some(Lifecycle::End {
-                    info,
-                    stop_reason,
-                    last_assistant_message,
-                }) if info.child == child => return (stop_reason, last_assistant_message),
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await
 }
 
 fn call(id: &str) -> ContentBlock {
@@ -84,13 +36,20 @@ async fn settle_with(response: Response) -> (SessionId, Message, Option<Vec<Cont
     let (_, mut life) = listen(&h.runtime);
     let started = within(
         h.runtime
-            .start_continuable("spawn", continuable(&parent, "file it")),
+            .start_continuable("spawn", continuable(&parent, "worker", "file it")),
     )
     .await
     .expect("the child starts");
     gate.open();
-    let message = notice(&mut parent_events).await;
-    let (stop, blocks) = end_of(&mut life, started.child).await;
+    let message = settled_notice(&mut parent_events).await;
+    let Lifecycle::End {
+        stop_reason: stop,
+        last_assistant_message: blocks,
+        ..
+    } = child_end(&mut life, started.child).await
+    else {
+        unreachable!("child_end returns an end")
+    };
     assert_eq!(stop, StopReason::Completed);
     within(parent.when_idle()).await;
     within(h.runtime.drain()).await.unwrap();

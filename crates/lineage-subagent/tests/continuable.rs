@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{AgentEvent, AgentStatus, Cancellation, Gate, Response};
+use lineage_agent::{AgentStatus, Cancellation, Gate, Response};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, EventBody, MessageSource, PolicySource, SandboxMode,
     SessionId, TurnEndReason, fold_descriptor, fold_policy,
@@ -14,61 +14,9 @@ use lineage_log::{
 use lineage_subagent::tools::ReportSetup;
 use lineage_subagent::{
     Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, SpawnProvider,
-    StopReason, SubagentRuntime,
+    StopReason,
 };
 use lineage_testkit::subagent::*;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-/// A continuable request from `parent` whose child asks the model `model`.
-fn continuable(
-    parent: &Arc<lineage_agent::Agent>,
-    model: &str,
-    prompt: &str,
-) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: lineage_subagent::ChildOptions {
-            model: Some(model.into()),
-            ..Default::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), prompt)
-    }
-}
-
-/// Waits until `agent` has received a message whose source matches `pred`, and returns its text.
-async fn received(
-    events: &mut UnboundedReceiver<AgentEvent>,
-    pred: impl Fn(&MessageSource) -> bool,
-) -> String {
-    within(async {
-        loop {
-            match events.recv().await {
-                Some(AgentEvent::InboxInserted { message, .. }) if pred(&message.source) => {
-                    return message.text_lines();
-                }
-                Some(_) => {}
-                None => panic!("the agent's event stream ended"),
-            }
-        }
-    })
-    .await
-}
-
-trait TextLines {
-    fn text_lines(&self) -> String;
-}
-
-impl TextLines for lineage_log::Message {
-    fn text_lines(&self) -> String {
-        self.content
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text } => Some(text.to_string()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
 
 fn is_notice(source: &MessageSource) -> bool {
     matches!(source, MessageSource::SubagentSettled { .. })
@@ -76,26 +24,6 @@ fn is_notice(source: &MessageSource) -> bool {
 
 fn is_report(source: &MessageSource) -> bool {
     matches!(source, MessageSource::SubagentReport { .. })
-}
-
-/// Waits until the runtime no longer holds `child` resident.
-async fn settled(
-    runtime: &SubagentRuntime,
-    life: &mut UnboundedReceiver<Lifecycle>,
-    child: SessionId,
-) -> Lifecycle {
-    let end = within(async {
-        loop {
-            match life.recv().await {
-                Some(event @ Lifecycle::End { .. }) if event.info().child == child => return event,
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await;
-    assert!(!runtime.is_resident(child));
-    end
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,7 +50,7 @@ async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn()
     assert_eq!(child.delegation_depth(), 1);
     h.model("worker").wait_for_requests(1).await;
     gate.open();
-    let notice = received(&mut parent_events, is_notice).await;
+    let notice = text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
     assert_eq!(
         notice,
         format!(
@@ -177,7 +105,7 @@ async fn a_busy_parent_gets_the_notice_at_its_next_step_without_a_new_turn() {
         .start_continuable("spawn", continuable(&parent, "worker", "help"))
         .await
         .unwrap();
-    received(&mut parent_events, is_notice).await;
+    text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
     assert_eq!(parent.status(), AgentStatus::Running);
     parent_gate.open();
     within(parent.when_idle()).await;
@@ -451,7 +379,7 @@ async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
         .start_continuable("spawn", continuable(&parent, "worker", "go"))
         .await
         .unwrap();
-    let report = received(&mut parent_events, is_report).await;
+    let report = text_lines(&inbox_inserted(&mut parent_events, is_report).await);
     assert_eq!(
         report,
         format!(
@@ -472,7 +400,7 @@ async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
     );
     assert_eq!(refusal(root).code(), ErrorCode::Unauthorized);
     gate.open();
-    received(&mut parent_events, is_notice).await;
+    text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
     let stale = h.runtime.report(
         &child,
         vec![ContentBlock::text("x")],
@@ -514,7 +442,7 @@ async fn quiet_reports_wait_in_the_parent_without_waking_it() {
         .start_continuable("spawn", continuable(&parent, "worker", "go"))
         .await
         .unwrap();
-    received(&mut parent_events, is_report).await;
+    text_lines(&inbox_inserted(&mut parent_events, is_report).await);
     assert_eq!(parent.status(), AgentStatus::Idle);
     assert!(parent.has_pending());
     assert!(h.parent_model().requests().is_empty());
@@ -910,7 +838,7 @@ async fn a_notice_landing_while_the_parent_runs_turn_after_turn_is_claimed_witho
         .unwrap();
     parent.followup(user("one")).unwrap();
     parent.followup(user("two")).unwrap();
-    received(&mut parent_events, is_notice).await;
+    text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
     within(parent.when_idle()).await;
     let events = parent.events();
     let notices: Vec<_> = events

@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use lineage_agent::{Agent, Response, ToolOutput};
 use lineage_log::{AbortCause, SessionId};
-use lineage_subagent::{ContinuableRequest, SubagentRuntime};
+use lineage_subagent::SubagentRuntime;
 use lineage_testkit::subagent::*;
 use tokio::sync::mpsc;
 
@@ -66,16 +66,6 @@ impl Future for Observed {
     }
 }
 
-fn continuable(parent: &Arc<Agent>, model: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: lineage_subagent::ChildOptions {
-            model: Some(model.into()),
-            ..Default::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), "hold on")
-    }
-}
-
 /// A live tree under a fresh top-level parent: `fanout` children, each with `fanout` children,
 /// each with `fanout` children, every one running the `hold` tool. Returns the parent, the
 /// children's parents by id, and the order their cancellations fire in.
@@ -116,7 +106,7 @@ async fn running_tree(
                     .push([Response::tool_call("hold-1", "hold", "{}")]);
                 let started = within(
                     h.runtime
-                        .start_continuable("spawn", continuable(parent, &model)),
+                        .start_continuable("spawn", continuable(parent, &model, "hold on")),
                 )
                 .await
                 .expect("the child starts");

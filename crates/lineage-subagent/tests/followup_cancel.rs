@@ -9,23 +9,9 @@ use std::sync::{Arc, Mutex};
 use lineage_agent::{Cancellation, CreateAgent, Response};
 use lineage_log::{AbortCause, ContentBlock, MessageSource, SessionId};
 use lineage_subagent::{
-    ContinuableRequest, ContinuableSetup, ErrorCode, Installed, Lifecycle, SubagentRuntime,
+    ContinuableRequest, ContinuableSetup, ErrorCode, Installed, SubagentRuntime,
 };
 use lineage_testkit::subagent::*;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {
-    within(async {
-        loop {
-            match life.recv().await {
-                Some(Lifecycle::End { info, .. }) if info.child == child => return,
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await;
-}
 
 /// Fires the armed cancellation when it is installed in a child, that is while the child is
 /// being made resident.
@@ -66,7 +52,7 @@ async fn settled_child() -> (
         ..ContinuableRequest::new(parent.clone(), "job", "do it")
     };
     let started = h.runtime.start_continuable("spawn", request).await.unwrap();
-    ended(&mut life, started.child).await;
+    child_end(&mut life, started.child).await;
     within(parent.when_idle()).await;
     assert!(!h.runtime.is_resident(started.child));
     (h, parent, started.child, setup)

@@ -12,11 +12,9 @@ use lineage_agent::{
 };
 use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
 use lineage_subagent::{
-    ContinuableRequest, ContinuableSetup, Installed, Lifecycle, SpawnProvider, StopReason,
-    SubagentRuntime,
+    ContinuableRequest, ContinuableSetup, Installed, SpawnProvider, StopReason, SubagentRuntime,
 };
 use lineage_testkit::subagent::*;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Refuses any step whose input mentions "forbidden".
 struct Gatekeeper;
@@ -61,22 +59,6 @@ fn bare_host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
     (router, agents, runtime)
 }
 
-/// The stop reason of `child`'s next settlement.
-async fn settles(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) -> StopReason {
-    within(async {
-        loop {
-            match life.recv().await {
-                Some(Lifecycle::End {
-                    info, stop_reason, ..
-                }) if info.child == child => return stop_reason,
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await
-}
-
 /// The texts of the settlement notices `parent` has received.
 fn notices(agents: &Agents, parent: SessionId) -> Vec<String> {
     let parent = agents.get(parent).expect("the parent is live");
@@ -113,7 +95,10 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
             ..ContinuableRequest::new(parent.clone(), "gated job", "do the forbidden thing")
         };
         let started = runtime.start_continuable("spawn", request).await.unwrap();
-        assert_eq!(settles(&mut life, started.child).await, StopReason::Refusal);
+        assert_eq!(
+            stop_of(&child_end(&mut life, started.child).await),
+            StopReason::Refusal
+        );
         within(parent.when_idle()).await;
         assert!(
             router.model("worker").requests().is_empty(),
@@ -156,10 +141,16 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
         }
     };
     send("now the forbidden part").await.unwrap();
-    assert_eq!(settles(&mut life, child).await, StopReason::Refusal);
+    assert_eq!(
+        stop_of(&child_end(&mut life, child).await),
+        StopReason::Refusal
+    );
     assert!(router.model("worker").requests().is_empty());
     send("now something fine").await.unwrap();
-    assert_eq!(settles(&mut life, child).await, StopReason::Completed);
+    assert_eq!(
+        stop_of(&child_end(&mut life, child).await),
+        StopReason::Completed
+    );
     assert_eq!(router.model("worker").requests().len(), 1);
 
     let events = agents.store().read_from(child, 0).unwrap();
@@ -204,7 +195,10 @@ async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
         .await
         .unwrap()
         .child;
-    assert_eq!(settles(&mut life, child).await, StopReason::Refusal);
+    assert_eq!(
+        stop_of(&child_end(&mut life, child).await),
+        StopReason::Refusal
+    );
     // Settled and torn down: each follow-up activates the child again, with the same hooks.
     for (text, stop) in [
         ("the forbidden thing, again", StopReason::Refusal),
@@ -222,7 +216,7 @@ async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
             )
             .await
             .unwrap();
-        assert_eq!(settles(&mut life, child).await, stop, "{text}");
+        assert_eq!(stop_of(&child_end(&mut life, child).await), stop, "{text}");
     }
     assert_eq!(router.model("worker").requests().len(), 1);
     within(parent.when_idle()).await;

@@ -5,75 +5,17 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{AgentEvent, Cancellation, Response};
-use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
-use lineage_subagent::{ChildOptions, ContinuableRequest, Lifecycle, StopReason, SubagentRuntime};
+use lineage_agent::{Cancellation, Response};
+use lineage_log::{ContentBlock, MessageSource, TurnEndReason};
+use lineage_subagent::StopReason;
 use lineage_testkit::subagent::*;
 use tokio::sync::Notify;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 const WORKER: &str = "worker";
 
 /// A response whose request panics inside `Model::stream`, as a broken adapter would.
 fn panicking() -> Response {
     Response::compute(|_| panic!("the worker's adapter broke"))
-}
-
-fn continuable(parent: &Arc<lineage_agent::Agent>, prompt: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: ChildOptions {
-            model: Some(WORKER.into()),
-            ..Default::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), "worker job", prompt)
-    }
-}
-
-/// Waits until `agent` receives a settlement notice, and returns its text blocks.
-async fn notice(events: &mut UnboundedReceiver<AgentEvent>) -> Vec<String> {
-    within(async {
-        loop {
-            match events.recv().await {
-                Some(AgentEvent::InboxInserted { message, .. })
-                    if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
-                {
-                    return message
-                        .content
-                        .iter()
-                        .filter_map(|b| match b {
-                            ContentBlock::Text { text } => Some(text.to_string()),
-                            _ => None,
-                        })
-                        .collect();
-                }
-                Some(_) => {}
-                None => panic!("the agent's event stream ended"),
-            }
-        }
-    })
-    .await
-}
-
-/// Waits for `child`'s `subagent/end` and returns its stop reason.
-async fn ended(
-    runtime: &SubagentRuntime,
-    life: &mut UnboundedReceiver<Lifecycle>,
-    child: SessionId,
-) -> StopReason {
-    let stop = within(async {
-        loop {
-            match life.recv().await {
-                Some(Lifecycle::End {
-                    info, stop_reason, ..
-                }) if info.child == child => return stop_reason,
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await;
-    assert!(!runtime.is_resident(child));
-    stop
 }
 
 fn error_code(reason: &TurnEndReason) -> String {
@@ -95,12 +37,12 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
     let (_, mut life) = listen(&h.runtime);
     let started = within(
         h.runtime
-            .start_continuable("spawn", continuable(&parent, "do the job")),
+            .start_continuable("spawn", continuable(&parent, WORKER, "do the job")),
     )
     .await
     .unwrap();
 
-    let text = notice(&mut parent_events).await;
+    let text = text_blocks(&settled_notice(&mut parent_events).await);
     assert_eq!(
         text[0],
         format!(
@@ -109,7 +51,7 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
         )
     );
     assert_eq!(
-        ended(&h.runtime, &mut life, started.child).await,
+        stop_of(&settled(&h.runtime, &mut life, started.child).await),
         StopReason::Error
     );
     within(parent.when_idle()).await;
@@ -135,7 +77,7 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
     ))
     .await
     .unwrap();
-    let text = notice(&mut parent_events).await;
+    let text = text_blocks(&settled_notice(&mut parent_events).await);
     assert_eq!(
         text[0],
         format!(
@@ -145,7 +87,7 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
         )
     );
     assert_eq!(
-        ended(&h.runtime, &mut life, started.child).await,
+        stop_of(&settled(&h.runtime, &mut life, started.child).await),
         StopReason::Completed
     );
     let stored = h.stored(started.child);
@@ -171,7 +113,7 @@ async fn a_continuable_child_whose_model_panics_does_not_hold_up_a_drain() {
     let (_, mut life) = listen(&h.runtime);
     let started = within(
         h.runtime
-            .start_continuable("spawn", continuable(&parent, "do the job")),
+            .start_continuable("spawn", continuable(&parent, WORKER, "do the job")),
     )
     .await
     .unwrap();
@@ -179,7 +121,7 @@ async fn a_continuable_child_whose_model_panics_does_not_hold_up_a_drain() {
     within(asked.notified()).await;
     within(h.runtime.drain()).await.unwrap();
     assert_eq!(
-        ended(&h.runtime, &mut life, started.child).await,
+        stop_of(&settled(&h.runtime, &mut life, started.child).await),
         StopReason::Error
     );
     assert_balanced(&h.stored(started.child));

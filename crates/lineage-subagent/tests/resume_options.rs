@@ -7,23 +7,9 @@
 use std::sync::Arc;
 
 use lineage_agent::{Cancellation, CreateAgent, ModelRequest, Response};
-use lineage_log::{ContentBlock, MessageSource, SessionId};
-use lineage_subagent::{ChildOptions, ContinuableRequest, Lifecycle, SpawnProvider};
+use lineage_log::{ContentBlock, MessageSource};
+use lineage_subagent::{ChildOptions, ContinuableRequest, SpawnProvider};
 use lineage_testkit::subagent::*;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) {
-    within(async {
-        loop {
-            match life.recv().await {
-                Some(Lifecycle::End { info, .. }) if info.child == child => return,
-                Some(_) => {}
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await;
-}
 
 /// Starts a continuable child with `options` (its model is `worker`), lets it settle, restarts
 /// the host, sends the child a follow-up and returns the child's model requests: the one before
@@ -48,7 +34,7 @@ async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, Mode
             ..ContinuableRequest::new(parent.clone(), "worker job", "do it")
         };
         let started = runtime.start_continuable("spawn", request).await.unwrap();
-        ended(&mut life, started.child).await;
+        child_end(&mut life, started.child).await;
         within(parent.when_idle()).await;
         runtime.drain().await.unwrap();
         agents.dispose_all().await;
@@ -75,7 +61,7 @@ async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, Mode
         .unwrap();
     within(router.model("worker").wait_for_requests(1)).await;
     let after = router.model("worker").requests().remove(0);
-    ended(&mut life, child_id).await;
+    child_end(&mut life, child_id).await;
     runtime.drain().await.unwrap();
     agents.dispose_all().await;
     (before, after)

@@ -1059,17 +1059,6 @@ fn fates(events: &[Event]) -> HashMap<MessageId, Inboxed> {
 
 // ----- regressions the stress test found --------------------------------------------------------
 
-/// A continuable request from `parent` whose child asks the model `model`.
-fn continuable(parent: &Arc<Agent>, model: &str, prompt: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: ChildOptions {
-            model: Some(model.into()),
-            ..ChildOptions::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), prompt)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_drained_child_is_not_woken_into_a_new_turn_by_its_own_childs_notice() {
     let h = Harness::new();

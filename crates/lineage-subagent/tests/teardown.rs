@@ -6,24 +6,12 @@
 //!
 //! Deterministic: time is paused and child models are held by gates.
 
-use std::sync::Arc;
-
-use lineage_agent::{Agent, AgentEvent, Diagnostic, DiagnosticKind, Gate, RegistryEvent, Response};
-use lineage_log::{ApprovalPolicy, ContentBlock, Event, EventBody, MessageSource, PolicySource};
+use lineage_agent::{Agent, Diagnostic, DiagnosticKind, Gate, RegistryEvent, Response};
+use lineage_log::{ApprovalPolicy, Event, EventBody, PolicySource};
 use lineage_store::StoreError;
-use lineage_subagent::{ContinuableRequest, ErrorCode, Lifecycle, StopReason};
+use lineage_subagent::{ErrorCode, Lifecycle, StopReason};
 use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
-
-fn continuable(parent: &Arc<Agent>, model: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: lineage_subagent::ChildOptions {
-            model: Some(model.into()),
-            ..Default::default()
-        },
-        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), "work")
-    }
-}
 
 fn broken_disk(agent: &Agent) {
     agent.fail_final_flush(Some(Box::new(|| StoreError::Unavailable {
@@ -40,31 +28,6 @@ fn diagnostics(watch: &mut UnboundedReceiver<RegistryEvent>) -> Vec<Diagnostic> 
             _ => None,
         })
         .collect()
-}
-
-async fn notice_text(events: &mut UnboundedReceiver<AgentEvent>) -> String {
-    within(async {
-        loop {
-            match events.recv().await {
-                Some(AgentEvent::InboxInserted { message, .. })
-                    if matches!(message.source, MessageSource::SubagentSettled { .. }) =>
-                {
-                    return message
-                        .content
-                        .iter()
-                        .filter_map(|b| match b {
-                            ContentBlock::Text { text } => Some(text.to_string()),
-                            _ => None,
-                        })
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                }
-                Some(_) => {}
-                None => panic!("the parent's event stream ended"),
-            }
-        }
-    })
-    .await
 }
 
 async fn end_of(life: &mut UnboundedReceiver<Lifecycle>) -> StopReason {
@@ -93,7 +56,7 @@ async fn a_settled_child_whose_final_flush_fails_settles_failed_with_the_failed_
     let (_, mut life) = listen(&h.runtime);
     let started = h
         .runtime
-        .start_continuable("spawn", continuable(&parent, "worker"))
+        .start_continuable("spawn", continuable(&parent, "worker", "work"))
         .await
         .unwrap();
     let child = h.agents.get(started.child).expect("the child is live");
@@ -101,7 +64,7 @@ async fn a_settled_child_whose_final_flush_fails_settles_failed_with_the_failed_
     broken_disk(&child);
     gate.open();
 
-    let notice = notice_text(&mut parent_events).await;
+    let notice = text_lines(&settled_notice(&mut parent_events).await);
     assert_eq!(
         notice,
         format!(
@@ -149,7 +112,7 @@ async fn a_drain_reports_activation_teardown_failed_when_a_childs_disposal_fails
     let parent = h.parent().await;
     let started = h
         .runtime
-        .start_continuable("spawn", continuable(&parent, "worker"))
+        .start_continuable("spawn", continuable(&parent, "worker", "work"))
         .await
         .unwrap();
     let child = h.agents.get(started.child).expect("the child is live");
@@ -177,7 +140,7 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
     let (_, mut life) = listen(&h.runtime);
     let started = h
         .runtime
-        .start_continuable("spawn", continuable(&parent, "worker"))
+        .start_continuable("spawn", continuable(&parent, "worker", "work"))
         .await
         .unwrap();
     h.model("worker").wait_for_requests(1).await;

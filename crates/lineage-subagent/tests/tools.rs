@@ -27,7 +27,7 @@ use lineage_subagent::{
 };
 use lineage_testkit::subagent::*;
 use serde_json::{Value, json};
-use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::mpsc::{self};
 use tokio::task::JoinHandle;
 
 /// Child options naming the model `model`.
@@ -35,14 +35,6 @@ fn model_options(model: &str) -> ChildOptions {
     ChildOptions {
         model: Some(model.into()),
         ..ChildOptions::default()
-    }
-}
-
-/// A continuable request from `parent`, labelled `<model> job`, whose child asks `model`.
-fn continuable(parent: &Arc<Agent>, model: &str, prompt: &str) -> ContinuableRequest {
-    ContinuableRequest {
-        agent_options: model_options(model),
-        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), prompt)
     }
 }
 
@@ -78,31 +70,6 @@ fn calls(list: &[(&str, &str, Value)]) -> Response {
         .map(|(id, name, args)| (id.as_str(), name.as_str(), args.as_str()))
         .collect();
     Response::tool_calls(None, &borrowed)
-}
-
-/// Every lifecycle event up to and including the next `subagent/end` of `child`.
-async fn until_end(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) -> Vec<Lifecycle> {
-    within(async {
-        let mut seen = Vec::new();
-        loop {
-            match life.recv().await {
-                Some(event) => {
-                    let done = matches!(&event, Lifecycle::End { info, .. } if info.child == child);
-                    seen.push(event);
-                    if done {
-                        return seen;
-                    }
-                }
-                None => panic!("the lifecycle stream ended"),
-            }
-        }
-    })
-    .await
-}
-
-/// Waits for the next `subagent/end` of `child`.
-async fn ended(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) -> Lifecycle {
-    until_end(life, child).await.pop().expect("the end")
 }
 
 /// How many `subagent/start` edges of `child` are in `events`.
@@ -213,7 +180,7 @@ async fn the_subagent_tool_starts_a_continuable_child_and_returns_its_id_at_once
     assert_eq!(user_texts(&agent.events()), ["list every module"]);
 
     gate.open();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     within(parent.when_idle()).await;
     // The notice of the settled child reached the parent, which ran one more turn for it.
     assert_eq!(turn_ends(&parent.events()).len(), 2);
@@ -424,7 +391,7 @@ async fn send_message_delivers_a_coordinator_turn_and_refuses_unknown_malformed_
 
     // The delivered message is the child's next turn, from the parent as coordinator.
     gate.open();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     let stored = h.stored(child);
     assert_eq!(turn_ends(&stored).len(), 2);
     let messages = user_messages(&stored);
@@ -477,7 +444,7 @@ async fn interrupt_agent_stops_a_running_child_refuses_itself_and_accepts_absent
         Response::text("noted"),
     ]);
     parent.followup(user("stop the job")).unwrap();
-    let end = ended(&mut life, child).await;
+    let end = child_end(&mut life, child).await;
     within(parent.when_idle()).await;
 
     let results = tool_results(&parent.events());
@@ -531,7 +498,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     h.model("d").push([Response::text("d done")]);
     h.parent_model().push([Response::text("noted d")]);
     let d = start(&h, continuable(&parent, "d", "do d")).await;
-    ended(&mut life, d).await;
+    child_end(&mut life, d).await;
     within(parent.when_idle()).await;
     // a: running.
     h.model("a").push([Response::hang()]);
@@ -765,7 +732,7 @@ async fn removing_the_report_setup_unmounts_report_from_a_resident_child() {
     assert!(!h.runtime.remove_continuable_setup(setup));
     assert!(h.runtime.is_resident(child));
     gate.open();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
 
     let requests = h.model("worker").requests();
     assert_eq!(requests.len(), 2);
@@ -796,7 +763,7 @@ async fn removing_the_report_setup_unmounts_report_from_a_resident_child() {
     ))
     .await
     .unwrap();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     let requests = h.model("worker").requests();
     assert_eq!(requests.len(), 3);
     assert!(tool_names(&requests[2]).is_empty());
@@ -821,7 +788,7 @@ async fn concurrent_followups_to_one_child_each_become_one_turn_in_the_order_iss
     let parent = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
     let child = start(&h, continuable(&parent, "worker", "one")).await;
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     within(parent.when_idle()).await;
     assert!(!h.runtime.is_resident(child));
 
@@ -879,7 +846,7 @@ async fn a_refused_followup_does_not_block_the_next_one_to_the_same_child() {
     let stranger = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
     let child = start(&h, continuable(&parent, "worker", "one")).await;
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     within(parent.when_idle()).await;
 
     // Interleaved: a stranger's attempt on the settled child, the parent's (which resumes it),
@@ -917,7 +884,7 @@ async fn a_refused_followup_does_not_block_the_next_one_to_the_same_child() {
     assert_eq!(refusal(again).code(), ErrorCode::Unauthorized);
     let ids = [welcome.unwrap(), more.unwrap()];
     gate.open();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
 
     let stored = h.stored(child);
     assert_eq!(user_texts(&stored), ["one", "welcome", "more"]);
@@ -967,7 +934,7 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
     let (_, mut life) = listen(&h.runtime);
     let a = start(&h, continuable(&parent, "a", "a first")).await;
     let b = start(&h, continuable(&parent, "b", "b first")).await;
-    ended(&mut life, b).await;
+    child_end(&mut life, b).await;
     within(entered_rx.recv()).await.unwrap();
 
     // Tear a down while its tool holds it, then follow up to it: that follow-up waits for the
@@ -998,7 +965,7 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
     ))
     .await
     .expect("b's follow-up does not wait for a");
-    ended(&mut life, b).await;
+    child_end(&mut life, b).await;
     assert_eq!(user_texts(&h.stored(b)), ["b first", "b second"]);
     assert!(!teardown.is_finished() && !to_a.is_finished());
 
@@ -1006,8 +973,8 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
     slow_gate.open();
     within(teardown).await.unwrap().unwrap();
     within(to_a).await.unwrap().unwrap();
-    ended(&mut life, a).await;
-    ended(&mut life, a).await;
+    child_end(&mut life, a).await;
+    child_end(&mut life, a).await;
     let stored = h.stored(a);
     assert_eq!(user_texts(&stored), ["a first", "a second"]);
     assert_eq!(
@@ -1063,7 +1030,7 @@ async fn with_the_switch_disabled_an_omitted_switch_does_what_the_description_sa
         "description: {description:?}\nresult: {:?}",
         results[0]
     );
-    ended(&mut life, h.only_child(&parent)).await;
+    child_end(&mut life, h.only_child(&parent)).await;
     within(parent.when_idle()).await;
 }
 
@@ -1090,7 +1057,7 @@ async fn removing_the_report_setup_also_withdraws_its_guidance_from_a_resident_c
     );
     assert!(h.runtime.remove_continuable_setup(setup));
     gate.open();
-    ended(&mut life, child).await;
+    child_end(&mut life, child).await;
     let requests = h.model("worker").requests();
     assert_eq!(tool_names(&requests[1]), ["noop"]);
     assert!(

@@ -1,7 +1,9 @@
 //! Readers of logs for assertions: what kinds of events a log holds, how its turns ended, what
 //! was said, and what the tools answered. They read; they never repair or reorder.
 
-use lineage_log::{ContentBlock, Event, EventBody, TurnEndReason, check_seed, is_balanced};
+use lineage_log::{
+    ContentBlock, Event, EventBody, Message, TurnEndReason, check_seed, is_balanced,
+};
 
 /// The display names of `events` (`turn/start`, `tool/result`, …), in log order.
 pub fn kinds(events: &[Event]) -> Vec<&'static str> {
@@ -101,4 +103,22 @@ pub fn assert_balanced(events: &[Event]) {
         "the log ends with an open turn: {:?}",
         kinds(events)
     );
+}
+
+/// The text blocks of `message`, in order, each as one string (other blocks are skipped).
+pub fn text_blocks(message: &Message) -> Vec<String> {
+    message
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The text blocks of `message` joined with newlines, so that text from different blocks never
+/// runs together (unlike `Message::text`, which concatenates).
+pub fn text_lines(message: &Message) -> String {
+    text_blocks(message).join("\n")
 }

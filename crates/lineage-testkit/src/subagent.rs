@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lineage_agent::{
-    Agent, AgentOptions, AgentSpec, Agents, BoxFuture, ChunkStream, CreateAgent, Model,
+    Agent, AgentEvent, AgentOptions, AgentSpec, Agents, BoxFuture, ChunkStream, CreateAgent, Model,
     ModelRequest, Response, ScriptedModel, Tool,
 };
-use lineage_log::{ContentBlock, Event, Message, SessionId};
+use lineage_log::{ContentBlock, Event, Message, MessageSource, SessionId};
 use lineage_store::Store;
 use lineage_subagent::{
-    Capabilities, ChildOptions, ForkProvider, Lifecycle, ListenerId, Provider, ResolvedStart,
-    SpawnProvider, StartRequest, StopReason, SubagentError, SubagentResult, SubagentRun,
-    SubagentRuntime,
+    Capabilities, ChildOptions, ContinuableRequest, ForkProvider, Lifecycle, ListenerId, Provider,
+    ResolvedStart, SpawnProvider, StartRequest, StopReason, SubagentError, SubagentResult,
+    SubagentRun, SubagentRuntime,
 };
 use tempfile::TempDir;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
@@ -247,6 +247,104 @@ pub fn request(parent: &Arc<Agent>, prompt: &str) -> StartRequest {
     StartRequest {
         agent_options: child_options(),
         ..StartRequest::new(parent.clone(), prompt)
+    }
+}
+
+/// A continuable request from `parent` to do `prompt`, labelled `<model> job`, whose child asks
+/// `model`.
+pub fn continuable(parent: &Arc<Agent>, model: &str, prompt: &str) -> ContinuableRequest {
+    ContinuableRequest {
+        agent_options: ChildOptions {
+            model: Some(model.into()),
+            ..ChildOptions::default()
+        },
+        ..ContinuableRequest::new(parent.clone(), format!("{model} job"), prompt)
+    }
+}
+
+/// Receives `events` (see [`within`]) until a message whose source matches `pred` enters the
+/// agent's inbox, and returns that message; the events before it are dropped. Panics if the
+/// stream ends first.
+pub async fn inbox_inserted(
+    events: &mut UnboundedReceiver<AgentEvent>,
+    pred: impl Fn(&MessageSource) -> bool,
+) -> Message {
+    within(async {
+        loop {
+            match events.recv().await {
+                Some(AgentEvent::InboxInserted { message, .. }) if pred(&message.source) => {
+                    return message;
+                }
+                Some(_) => {}
+                None => panic!("the agent's event stream ended"),
+            }
+        }
+    })
+    .await
+}
+
+/// The next settlement notice (`MessageSource::SubagentSettled`) inserted into the inbox of the
+/// agent whose `events` these are (see [`inbox_inserted`]).
+pub async fn settled_notice(events: &mut UnboundedReceiver<AgentEvent>) -> Message {
+    inbox_inserted(events, |source| {
+        matches!(source, MessageSource::SubagentSettled { .. })
+    })
+    .await
+}
+
+/// Every lifecycle event received (see [`within`]) up to and including the next `subagent/end`
+/// of `child`, in order; the last is that end. Panics if the stream ends first.
+pub async fn until_end(
+    life: &mut UnboundedReceiver<Lifecycle>,
+    child: SessionId,
+) -> Vec<Lifecycle> {
+    within(async {
+        let mut seen = Vec::new();
+        loop {
+            match life.recv().await {
+                Some(event) => {
+                    let done = matches!(&event, Lifecycle::End { info, .. } if info.child == child);
+                    seen.push(event);
+                    if done {
+                        return seen;
+                    }
+                }
+                None => panic!("the lifecycle stream ended before {child} ended"),
+            }
+        }
+    })
+    .await
+}
+
+/// The next `subagent/end` of `child` (always a `Lifecycle::End`); the events before it are
+/// dropped (see [`until_end`]).
+pub async fn child_end(life: &mut UnboundedReceiver<Lifecycle>, child: SessionId) -> Lifecycle {
+    until_end(life, child)
+        .await
+        .pop()
+        .expect("until_end returns at least the end")
+}
+
+/// The next `subagent/end` of `child` (see [`child_end`]), after which `runtime` no longer holds
+/// the child resident: asserted, since a settled child leaves residency before its end is sent.
+pub async fn settled(
+    runtime: &SubagentRuntime,
+    life: &mut UnboundedReceiver<Lifecycle>,
+    child: SessionId,
+) -> Lifecycle {
+    let end = child_end(life, child).await;
+    assert!(
+        !runtime.is_resident(child),
+        "{child} is still resident after its end"
+    );
+    end
+}
+
+/// The stop reason of a `subagent/end`; panics, naming the child, on a `subagent/start`.
+pub fn stop_of(event: &Lifecycle) -> StopReason {
+    match event {
+        Lifecycle::End { stop_reason, .. } => stop_reason.clone(),
+        Lifecycle::Start(info) => panic!("expected the end of {}, got its start", info.child),
     }
 }
 

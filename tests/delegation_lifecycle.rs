@@ -4,7 +4,7 @@
 
 use lineage::log::{
     ApprovalPolicy, DescriptorMode, Event, EventBody, EventKind, ForkSpec, Header, Origin,
-    PolicySource, SandboxMode, SessionId, SubagentDescriptor, TOOL_OUTCOME_UNKNOWN, TurnEndReason,
+    PolicySource, SessionId, SubagentDescriptor, TOOL_OUTCOME_UNKNOWN, TurnEndReason,
     fold_delegation_depth, fold_descriptor, fold_policy, model_history, own_suffix,
 };
 use lineage::store::{Store, StoreError};
@@ -36,11 +36,7 @@ fn parent_turns() -> Vec<EventBody> {
 }
 
 fn numbered(first_seq: u64, bodies: Vec<EventBody>) -> Vec<Event> {
-    bodies
-        .into_iter()
-        .zip(first_seq..)
-        .map(|(body, seq)| Event::new(seq, T0 + seq as i64, body))
-        .collect()
+    ev::numbered(first_seq, T0, 1, bodies)
 }
 
 #[test]
@@ -90,16 +86,8 @@ fn a_forked_child_resumes_from_its_own_log_after_a_crash() -> Result<(), StoreEr
             },
             vec![
                 EventBody::from(descriptor),
-                SandboxMode {
-                    mode: "read-only".into(),
-                    source: PolicySource::Delegation,
-                }
-                .into(),
-                ApprovalPolicy {
-                    policy: ApprovalPolicy::NEVER.into(),
-                    source: PolicySource::Delegation,
-                }
-                .into(),
+                ev::sandbox("read-only", PolicySource::Delegation),
+                ev::approval(ApprovalPolicy::NEVER, PolicySource::Delegation),
             ],
         )?;
         assert_eq!(header.seed_len, completed);

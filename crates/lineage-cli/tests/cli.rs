@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lineage_log::{
     AbortCause, ApprovalPolicy, DescriptorMode, Digest, Event, EventBody, ForkSpec, Header,
-    InboxSpliced, InboxTarget, Origin, PolicySource, SandboxMode, SessionId, SessionLineage,
-    SubagentDescriptor, Text, ToolFilter, TurnEndReason, TurnNo,
+    InboxSpliced, InboxTarget, Origin, PolicySource, SessionId, SessionLineage, SubagentDescriptor,
+    Text, ToolFilter, TurnEndReason, TurnNo,
 };
 use lineage_store::Store;
 use lineage_testkit::ev;
@@ -273,16 +273,8 @@ fn fixture() -> Fixture {
             },
             vec![
                 EventBody::from(descriptor),
-                SandboxMode {
-                    mode: "read-only".into(),
-                    source: PolicySource::Delegation,
-                }
-                .into(),
-                ApprovalPolicy {
-                    policy: ApprovalPolicy::NEVER.into(),
-                    source: PolicySource::Delegation,
-                }
-                .into(),
+                ev::sandbox("read-only", PolicySource::Delegation),
+                ev::approval(ApprovalPolicy::NEVER, PolicySource::Delegation),
             ],
         )
         .unwrap();

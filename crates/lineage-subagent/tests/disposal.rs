@@ -42,13 +42,7 @@ async fn a_failed_disposal_is_reported_after_the_result_it_does_not_hide() {
     run_turn(&parent, "go").await;
 
     let answers = tool_results(&parent.events());
-    let by_call = |call: &str| {
-        answers
-            .iter()
-            .find(|a| a.call == call)
-            .unwrap_or_else(|| panic!("no answer to {call}"))
-            .clone()
-    };
+    let by_call = |call: &str| answer_to(&answers, call);
 
     // The completed run's output is there, and after it the disposal's failure, which makes the
     // call fail with the disposal's code.

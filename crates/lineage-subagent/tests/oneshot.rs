@@ -1699,13 +1699,7 @@ async fn every_outcome_a_provider_reports_is_rendered_for_the_model() {
     run_turn(&parent, "go").await;
 
     let answers = tool_results(&parent.events());
-    let by_call = |call: &str| {
-        answers
-            .iter()
-            .find(|a| a.call == call)
-            .unwrap_or_else(|| panic!("no answer to {call}"))
-            .clone()
-    };
+    let by_call = |call: &str| answer_to(&answers, call);
     let refused = by_call("refused");
     assert!(refused.is_error);
     assert_eq!(refused.code.as_deref(), Some("refusal"));

@@ -5,9 +5,9 @@
 //! one tool-result block whose call id matches the tool source.
 
 use lineage_log::{
-    CallId, ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, StepEnd,
-    StepNo, StepStart, StreamChunk, Text, ToolCall, ToolError, ToolResult, TurnEnd, TurnEndReason,
-    TurnNo, TurnStart,
+    ApprovalPolicy, CallId, ContentBlock, Event, EventBody, Message, MessageId, MessageSource,
+    PolicySource, Role, SandboxMode, StepEnd, StepNo, StepStart, StreamChunk, Text, ToolCall,
+    ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo, TurnStart,
 };
 
 /// The time of the first event of [`log`].
@@ -253,6 +253,24 @@ pub fn tool_error(
             name: Text::from(name),
             code: Text::from(code),
         }),
+    }
+    .into()
+}
+
+/// `policy/sandbox`: the sandbox `mode`, set by `source`.
+pub fn sandbox(mode: &str, source: PolicySource) -> EventBody {
+    SandboxMode {
+        mode: mode.into(),
+        source,
+    }
+    .into()
+}
+
+/// `policy/approval`: the approval `policy` (e.g. `ApprovalPolicy::NEVER`), set by `source`.
+pub fn approval(policy: &str, source: PolicySource) -> EventBody {
+    ApprovalPolicy {
+        policy: policy.into(),
+        source,
     }
     .into()
 }

@@ -92,6 +92,16 @@ pub fn tool_answers(events: &[Event]) -> Vec<Answer> {
         .collect()
 }
 
+/// The answer to `call` among `answers` (the first, if several); panics naming the call when
+/// there is none.
+pub fn answer_to(answers: &[Answer], call: &str) -> Answer {
+    answers
+        .iter()
+        .find(|a| a.call == call)
+        .unwrap_or_else(|| panic!("no answer to {call}"))
+        .clone()
+}
+
 /// Asserts the log keeps the seed contract (every event valid where it stands) and has no open
 /// turn; the failure names the first invalid event or lists the log's kinds.
 pub fn assert_balanced(events: &[Event]) {

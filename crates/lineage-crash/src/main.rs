@@ -13,7 +13,6 @@ mod harness;
 mod model;
 mod plan;
 mod report;
-mod stream;
 mod writer;
 
 use std::path::PathBuf;

@@ -9,10 +9,9 @@ use lineage_log::{
     Event, EventBody, ForkSpec, Header, SessionId, TurnNo, interrupted_turn_closers,
 };
 use lineage_store::{Store, StoreOptions};
-use lineage_testkit::SplitMix64;
+use lineage_testkit::{STREAM_T0 as T0, SplitMix64, TurnStream};
 
 use crate::report::{Phase, Report, Write, record_digest};
-use crate::stream::{T0, TurnStream};
 
 /// How the parent starts a writer.
 #[derive(Clone, Debug, PartialEq, Eq)]

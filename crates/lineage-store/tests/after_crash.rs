@@ -14,6 +14,7 @@ use common::*;
 use lineage_log::SessionId;
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
+use lineage_testkit::TurnStream;
 use lineage_testkit::process::{Helper, helper_command, report_line};
 
 /// Names the store file the helper opens; without it the helper does nothing.

@@ -16,6 +16,7 @@ use lineage_store::{
     KindStats, Problem, STORE_FORMAT_VERSION, SessionInfo, Store, StoreError, StoreOptions,
 };
 use lineage_testkit::{SplitMix64, balanced_cuts, ev, realistic_session};
+use lineage_testkit::{TurnStream, last_turn};
 use redb::{ReadableDatabase, ReadableTableMetadata};
 
 /// Everything a reader can observe of one session and of the store's listing.

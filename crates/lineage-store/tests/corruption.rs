@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use lineage_log::{Event, ForkSpec, SessionId};
 use lineage_store::{Problem, Store, StoreError, StoreOptions};
+use lineage_testkit::last_turn;
 use lineage_testkit::{SplitMix64, ev};
 
 /// Every offset at which `needle` occurs in `haystack`.

@@ -12,6 +12,7 @@ use lineage_log::{SessionId, is_balanced};
 use lineage_store::{Store, StoreError};
 use lineage_testkit::SplitMix64;
 use lineage_testkit::process::{Helper, helper_command, report_line};
+use lineage_testkit::{TurnStream, last_turn};
 
 /// Names the store file the helper writes to; without it the helper does nothing.
 const STORE_VAR: &str = "LINEAGE_STORE_CRASH_STORE";

@@ -1,6 +1,7 @@
 //! Shared test scaffolding for Lineage, so a new suite starts from one place.
 //!
-//! Without features: deterministic realistic sessions, proptest strategies for random valid logs
+//! Without features: deterministic realistic sessions, an endless seeded stream of turns for
+//! writer processes ([`TurnStream`]), proptest strategies for random valid logs
 //! and batch partitions, random events of every variant, short event and turn constructors for
 //! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), and helper processes a
 //! test binary re-runs itself as, to crash or to run beside ([`process`]). These depend on
@@ -29,6 +30,7 @@ mod random;
 pub mod read;
 mod realistic;
 mod rng;
+mod stream;
 #[cfg(feature = "subagent")]
 pub mod subagent;
 mod words;
@@ -41,3 +43,4 @@ pub use build::{LogBuilder, running_digests};
 pub use random::{OPAQUE_TAG_BASE, random_event_body};
 pub use realistic::realistic_session;
 pub use rng::SplitMix64;
+pub use stream::{STREAM_T0, TurnStream, last_turn};

@@ -2,9 +2,9 @@
 //! readers report what the log says, and a helper process is run, heard and killed.
 
 use lineage_log::{TurnEndReason, check_seed, is_balanced};
-use lineage_testkit::ev;
 use lineage_testkit::process::{after_marker, crash_after_report, helper_command, report_line};
 use lineage_testkit::read::{Answer, answer_to, kinds, tool_answers, turn_ends, user_texts};
+use lineage_testkit::{TurnStream, ev, last_turn};
 
 /// Names the job of the helper below; without it the helper does nothing.
 const JOB_VAR: &str = "LINEAGE_TESTKIT_SCAFFOLDING_JOB";
@@ -107,4 +107,24 @@ fn a_helper_is_heard_then_killed() {
         std::process::id(),
         "the helper ran in a process of its own"
     );
+}
+
+#[test]
+fn a_turn_stream_is_valid_in_any_batching_and_regenerates_exactly() {
+    let mut stream = TurnStream::new(7, 0, 1);
+    let mut events = Vec::new();
+    for size in [1, 5, 40, 3, 120] {
+        events.extend(stream.take(size));
+    }
+    events.extend(stream.rest_of_turn());
+    check_seed(&events).expect("the stream continues a valid log");
+    assert!(
+        is_balanced(&events),
+        "rest_of_turn closes the turn under way"
+    );
+    assert_eq!(TurnStream::new(7, 0, 1).take(events.len()), events);
+    // A stream continuing the balanced log after its last turn keeps it valid.
+    let next = TurnStream::new(8, events.len() as u64, last_turn(&events) + 1).take(50);
+    events.extend(next);
+    check_seed(&events).expect("the continuation is valid");
 }

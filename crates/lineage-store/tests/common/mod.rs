@@ -3,15 +3,12 @@
 
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
-use lineage_log::{
-    Chain, Digest, Event, EventBody, Header, SessionId, TurnEndReason, TurnNo, encode_record,
-};
+use lineage_log::{Chain, Digest, Event, EventBody, Header, SessionId, TurnNo, encode_record};
 use lineage_store::{Store, StoreOptions, VerifyReport};
-use lineage_testkit::{SplitMix64, ev, realistic_session};
+use lineage_testkit::ev;
 use redb::backends::InMemoryBackend;
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -204,109 +201,6 @@ pub fn open_turn_log() -> Vec<Event> {
         ],
     ));
     events
-}
-
-/// `events` renumbered: seqs from `first_seq` (times follow) and turn numbers raised by
-/// `turn_offset`.
-pub fn shifted(events: Vec<Event>, first_seq: u64, turn_offset: TurnNo) -> Vec<Event> {
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut event)| {
-            let seq = first_seq + i as u64;
-            event.seq = seq;
-            event.time_ms = T0 as i64 + 3 * seq as i64;
-            match &mut event.body {
-                EventBody::TurnStart(t) => t.turn += turn_offset,
-                EventBody::TurnEnd(t) => t.turn += turn_offset,
-                EventBody::StepStart(s) => s.turn += turn_offset,
-                EventBody::StepEnd(s) => s.turn += turn_offset,
-                EventBody::AssistantChunk(c) => c.turn += turn_offset,
-                EventBody::AssistantMessage(m) => m.turn += turn_offset,
-                EventBody::ToolCall(c) => c.turn += turn_offset,
-                EventBody::ToolResult(r) => r.turn += turn_offset,
-                _ => {}
-            }
-            event
-        })
-        .collect()
-}
-
-/// An endless, deterministic stream of valid events that continues a balanced log of `next_seq`
-/// events whose last turn was `next_turn - 1`. Turns vary in size: most are realistic agent turns
-/// (two or three steps, dozens of stream chunks, tool calls with ~1 KiB results), some are short
-/// turns of a few events, some end aborted. The same `(seed, next_seq, next_turn)` always gives
-/// the same events, so another process can regenerate what a writer wrote.
-pub struct TurnStream {
-    rng: SplitMix64,
-    next_seq: u64,
-    next_turn: TurnNo,
-    ready: VecDeque<Event>,
-}
-
-impl TurnStream {
-    pub fn new(seed: u64, next_seq: u64, next_turn: TurnNo) -> Self {
-        TurnStream {
-            rng: SplitMix64::new(seed),
-            next_seq,
-            next_turn,
-            ready: VecDeque::new(),
-        }
-    }
-
-    /// The next `n` events.
-    pub fn take(&mut self, n: usize) -> Vec<Event> {
-        while self.ready.len() < n {
-            self.turn();
-        }
-        self.ready.drain(..n).collect()
-    }
-
-    fn turn(&mut self) {
-        let turn = self.next_turn;
-        self.next_turn += 1;
-        let seq = self.next_seq;
-        let events = if self.rng.percent(30) {
-            let mut bodies = vec![
-                ev::turn_start(turn),
-                ev::step_start(turn, 1),
-                ev::user(mid(seq, 3), &format!("short question {turn}")),
-            ];
-            for k in 0..self.rng.below(8) {
-                bodies.push(ev::text_delta(turn, 1, &format!("piece {k} ")));
-            }
-            bodies.push(ev::assistant_text(turn, 1, mid(seq, 4), "short answer"));
-            bodies.push(ev::step_end(turn, 1));
-            bodies.push(if self.rng.percent(25) {
-                ev::turn_end(
-                    turn,
-                    TurnEndReason::Aborted {
-                        cause: lineage_log::AbortCause::User,
-                    },
-                )
-            } else {
-                ev::turn_completed(turn)
-            });
-            events_from(seq, bodies)
-        } else {
-            let one_turn = realistic_session(self.rng.next_u64(), 1);
-            shifted(one_turn, seq, turn - 1)
-        };
-        self.next_seq += events.len() as u64;
-        self.ready.extend(events);
-    }
-}
-
-/// The last turn opened in `events` (0 when none).
-pub fn last_turn(events: &[Event]) -> TurnNo {
-    events
-        .iter()
-        .rev()
-        .find_map(|e| match &e.body {
-            EventBody::TurnStart(t) => Some(t.turn),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 /// Fails with every problem `verify` found; open tail turns are not problems.

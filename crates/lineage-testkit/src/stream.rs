@@ -1,17 +1,20 @@
-//! The events a writer appends: an endless, seeded stream of valid turns continuing a balanced log.
+//! What a writer process appends in the crash tests and the crash harness: an endless, seeded
+//! stream of valid turns continuing a balanced log, which a checker can regenerate exactly.
 
 use std::collections::VecDeque;
 
 use lineage_log::{AbortCause, Event, EventBody, MessageId, TurnEndReason, TurnNo};
-use lineage_testkit::{SplitMix64, ev, realistic_session};
 
-/// The time of the event at seq 0; later events are 3 ms apart.
-pub const T0: i64 = 1_750_000_000_000;
+use crate::{SplitMix64, ev, realistic_session};
+
+/// The time of the event at seq 0 of a [`TurnStream`]; later events are 3 ms apart.
+pub const STREAM_T0: i64 = 1_750_000_000_000;
 
 /// Continues a balanced log of `next_seq` events whose last turn was `next_turn - 1`. Most turns
 /// are a coding agent's (steps, dozens of stream chunks, tool calls with ~1 KiB results, from
-/// `lineage_testkit::realistic_session`); some are short, and some of those end aborted. The same
-/// arguments always give the same events.
+/// [`realistic_session`]); some are short, and some of those end aborted. The same arguments always
+/// give the same events, so another process can regenerate what a writer wrote. Every event it
+/// yields is valid where it stands in the continued log, and every turn it starts it closes.
 pub struct TurnStream {
     rng: SplitMix64,
     next_seq: u64,
@@ -30,7 +33,7 @@ impl TurnStream {
         }
     }
 
-    /// The next `n` events.
+    /// The next `n` events (a batch may end inside a turn).
     pub fn take(&mut self, n: usize) -> Vec<Event> {
         while self.ready.len() < n {
             self.turn();
@@ -52,7 +55,11 @@ impl TurnStream {
         let seq = self.next_seq;
         let events = if self.rng.percent(30) {
             let id = |salt: u64| {
-                MessageId::derived(&[b"lineage-crash", &seq.to_le_bytes(), &salt.to_le_bytes()])
+                MessageId::derived(&[
+                    b"lineage-testkit/turn-stream",
+                    &seq.to_le_bytes(),
+                    &salt.to_le_bytes(),
+                ])
             };
             let mut bodies = vec![
                 ev::turn_start(turn),
@@ -92,8 +99,9 @@ impl TurnStream {
     }
 }
 
+/// `body` as the event at `seq`, at the stream's time for that seq.
 fn at(seq: u64, body: EventBody) -> Event {
-    Event::new(seq, T0 + 3 * seq as i64, body)
+    Event::new(seq, STREAM_T0 + 3 * seq as i64, body)
 }
 
 /// `body` of turn 1 moved to turn `turn`.
@@ -110,4 +118,16 @@ fn renumbered(mut body: EventBody, turn: TurnNo) -> EventBody {
         _ => {}
     }
     body
+}
+
+/// The last turn opened in `events` (0 when none), so a [`TurnStream`] can continue after it.
+pub fn last_turn(events: &[Event]) -> TurnNo {
+    events
+        .iter()
+        .rev()
+        .find_map(|e| match &e.body {
+            EventBody::TurnStart(t) => Some(t.turn),
+            _ => None,
+        })
+        .unwrap_or(0)
 }

@@ -1,25 +1,11 @@
 //! An agent that never wrote anything holds no durable session: disposing of it frees its id, and
 //! a fork of it inherits nothing. An agent that wrote keeps its id.
 
-use lineage_agent::{AgentError, CreateAgent, Seed};
-use lineage_log::{
-    ApprovalPolicy, EventBody, EventKind, Header, PolicySource, SessionId, SessionLineage,
-};
+use lineage_agent::{AgentError, Seed};
+use lineage_log::{EventBody, EventKind, Header, PolicySource, SessionId, SessionLineage};
 use lineage_store::StoreError;
 use lineage_testkit::agent::*;
-
-fn fresh_with_id(id: SessionId) -> CreateAgent {
-    let mut create = CreateAgent::fresh(spec());
-    create.header = Header::new(id, 1_780_000_000_000);
-    create
-}
-
-fn policy(name: &str) -> EventBody {
-    EventBody::from(ApprovalPolicy {
-        policy: name.into(),
-        source: PolicySource::Own,
-    })
-}
+use lineage_testkit::ev;
 
 #[tokio::test(start_paused = true)]
 async fn an_agent_disposed_without_writing_leaves_its_id_free() {
@@ -35,7 +21,14 @@ async fn an_agent_disposed_without_writing_leaves_its_id_free() {
     // Through the store: the same id is created again and written.
     h.store.create(Header::new(id, 1_780_000_000_001)).unwrap();
     h.store
-        .append(id, &[lineage_log::Event::new(0, 0, policy("never"))])
+        .append(
+            id,
+            &[lineage_log::Event::new(
+                0,
+                0,
+                ev::approval("never", PolicySource::Own),
+            )],
+        )
         .unwrap();
     assert_eq!(h.store.info(id).unwrap().len, 1);
 }
@@ -49,10 +42,12 @@ async fn disposal_frees_only_the_id_of_an_agent_that_wrote_nothing() {
         .create(fresh_with_id(SessionId::new()))
         .await
         .unwrap();
-    recorded.record(policy("never")).unwrap();
+    recorded
+        .record(ev::approval("never", PolicySource::Own))
+        .unwrap();
     // Written at creation.
     let mut create = fresh_with_id(SessionId::new());
-    create.setup = vec![policy("never")];
+    create.setup = vec![ev::approval("never", PolicySource::Own)];
     let seeded = h.agents.create(create).await.unwrap();
     // Nothing written.
     let lazy = h
@@ -88,11 +83,16 @@ async fn a_disposed_agent_whose_id_was_freed_writes_nothing_to_its_successor() {
     let stale = h.agents.create(fresh_with_id(id)).await.unwrap();
     stale.dispose().await;
     let successor = h.agents.create(fresh_with_id(id)).await.unwrap();
-    match stale.record(policy("stale")) {
+    match stale.record(ev::approval("stale", PolicySource::Own)) {
         Err(AgentError::NotLive { agent }) => assert_eq!(agent, id),
         other => panic!("expected NotLive, got {other:?}"),
     }
-    assert_eq!(successor.record(policy("fresh")).unwrap(), 0);
+    assert_eq!(
+        successor
+            .record(ev::approval("fresh", PolicySource::Own))
+            .unwrap(),
+        0
+    );
     successor.flush().await.unwrap();
     let stored = h.store.read_from(id, 0).unwrap();
     assert_eq!(stored.len(), 1);

@@ -11,12 +11,6 @@ use lineage_log::{
 use lineage_store::StoreError;
 use lineage_testkit::agent::*;
 
-fn fresh_with_id(id: SessionId) -> CreateAgent {
-    let mut create = CreateAgent::fresh(spec());
-    create.header = Header::new(id, 1_780_000_000_000);
-    create
-}
-
 #[tokio::test(start_paused = true)]
 async fn get_returns_the_exact_live_agent_and_a_live_id_is_refused() {
     let h = Harness::new([]);

@@ -3,17 +3,11 @@
 //! outcome.
 
 use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, Queued, RegistryEvent};
-use lineage_log::{AbortCause, ApprovalPolicy, EventBody, InboxTarget, PolicySource};
+use lineage_log::{AbortCause, InboxTarget, PolicySource};
 use lineage_store::StoreError;
 use lineage_testkit::agent::*;
+use lineage_testkit::ev;
 use tokio::sync::mpsc::UnboundedReceiver;
-
-fn policy(name: &str) -> EventBody {
-    EventBody::from(ApprovalPolicy {
-        policy: name.into(),
-        source: PolicySource::Own,
-    })
-}
 
 /// Everything received so far, without waiting.
 fn drain<T>(rx: &mut UnboundedReceiver<T>) -> Vec<T> {
@@ -30,7 +24,9 @@ async fn the_registry_reports_agents_created_resumed_and_disposed_in_order() {
     let mut watch = h.agents.subscribe();
     let agent = h.agent().await;
     let id = agent.id();
-    agent.record(policy("never")).unwrap();
+    agent
+        .record(ev::approval("never", PolicySource::Own))
+        .unwrap();
     agent.dispose().await;
     let resumed = h.agents.resume(id, spec()).await.unwrap();
     assert!(h.agents.dispose(resumed.id()).await);
@@ -103,7 +99,9 @@ async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnos
     let mut watch = h.agents.subscribe();
     let agent = h.agent().await;
     let id = agent.id();
-    agent.record(policy("never")).unwrap();
+    agent
+        .record(ev::approval("never", PolicySource::Own))
+        .unwrap();
     let mut rx = agent.subscribe();
     agent.fail_final_flush(Some(Box::new(|| StoreError::Unavailable {
         reason: "the disk is gone".into(),
@@ -155,7 +153,9 @@ async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnos
 async fn a_disposal_whose_flush_works_reports_success_to_every_disposer() {
     let h = Harness::new([]);
     let agent = h.agent().await;
-    agent.record(policy("never")).unwrap();
+    agent
+        .record(ev::approval("never", PolicySource::Own))
+        .unwrap();
     let (first, second) = tokio::join!(agent.try_dispose(), agent.try_dispose());
     assert!(first.is_ok() && second.is_ok());
     assert!(matches!(h.agents.try_dispose(agent.id()).await, Ok(false)));

@@ -11,7 +11,7 @@ use lineage_agent::{
     Agent, AgentEvent, AgentOptions, AgentSpec, AgentStatus, Agents, BoxFuture, CreateAgent,
     Response, ScriptedModel, Tool, ToolContext, ToolOutput,
 };
-use lineage_log::{Event, EventKind, Message, MessageSource};
+use lineage_log::{Event, EventKind, Header, Message, MessageSource, SessionId};
 use lineage_store::Store;
 use tempfile::TempDir;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -81,6 +81,14 @@ pub fn options() -> AgentOptions {
 /// [`spec`] with `tools`.
 pub fn spec_with_tools(tools: Vec<Arc<dyn Tool>>) -> AgentSpec {
     AgentSpec { tools, ..spec() }
+}
+
+/// A fresh agent with [`spec`] whose header names `id` (created at a fixed time), for tests that
+/// need to know or reuse the id before the agent exists.
+pub fn fresh_with_id(id: SessionId) -> CreateAgent {
+    let mut create = CreateAgent::fresh(spec());
+    create.header = Header::new(id, 1_780_000_000_000);
+    create
 }
 
 /// A user-typed text message.

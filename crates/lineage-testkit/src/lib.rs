@@ -7,8 +7,8 @@
 //! test binary re-runs itself as, to crash or to run beside ([`process`]). These depend on
 //! `lineage-log` and the standard library only.
 //!
-//! Feature `agent` adds the agent harness ([`agent`]: a store, a scripted model, a registry, tools
-//! from closures); feature `subagent` adds the delegation harness ([`subagent`]: a routing model,
+//! Feature `agent` adds the agent harness (module `agent`: a store, a scripted model, a registry, tools
+//! from closures); feature `subagent` adds the delegation harness (module `subagent`: a routing model,
 //! a subagent runtime, a canned provider). Library crates take this crate only as a
 //! dev-dependency, and it takes them only through these features, so dependencies point one way.
 //!

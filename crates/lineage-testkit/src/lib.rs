@@ -9,7 +9,9 @@
 //!
 //! Feature `agent` adds the agent harness (module `agent`: a store, a scripted model, a registry, tools
 //! from closures); feature `subagent` adds the delegation harness (module `subagent`: a routing model,
-//! a subagent runtime, a canned provider). Library crates take this crate only as a
+//! a subagent runtime, a canned provider); feature `loopback` adds the loopback model server
+//! (module `loopback`: a real HTTP server on 127.0.0.1 that answers from a script and records
+//! every request). Library crates take this crate only as a
 //! dev-dependency, and it takes them only through these features, so dependencies point one way.
 //!
 //! Everything here is deterministic: the generators draw from [`SplitMix64`] seeded by the caller
@@ -25,6 +27,8 @@ pub mod agent;
 mod arb;
 mod build;
 pub mod ev;
+#[cfg(feature = "loopback")]
+pub mod loopback;
 pub mod process;
 mod random;
 pub mod read;

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 /// bounds a broken helper, never a healthy one (which answers in milliseconds).
 pub const LINE_DEADLINE: Duration = Duration::from_secs(60);
 
-/// This test binary, set to run only the ignored helper test `helper` (exactly that name, on one
+/// This test binary, set to run only the test `helper` (exactly that name, ignored or not, on one
 /// thread, its output not captured), with stdin closed, stdout piped back to the caller and stderr
 /// inherited so a helper's panic shows in the test's output.
 ///
-/// The helper test must do nothing unless the environment names it a job (the caller sets that
-/// with [`Command::env`]): a plain `cargo test -- --include-ignored` runs it too.
+/// The helper takes its helper branch only when the environment names it a job (the caller sets
+/// that with [`Command::env`]). Best, the helper is the calling test itself, which re-runs itself
+/// and takes that branch in the child, so nothing is left ignored; a helper shared by several
+/// tests must do nothing without the job, as a plain `cargo test -- --include-ignored` runs it too.
 pub fn helper_command(helper: &str) -> Command {
     let exe = std::env::current_exe().expect("the test binary knows its path");
     let mut command = Command::new(exe);

@@ -68,8 +68,11 @@ pub fn classify(
     now: SystemTime,
 ) -> HttpFailure {
     let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
-    let said = parsed.as_ref().map(wording).unwrap_or_default();
-    let words = format!("{said} {}", body_if_not_json(&parsed, body)).to_lowercase();
+    // A JSON body speaks through its error's fields; any other body through its text.
+    let words = parsed
+        .as_ref()
+        .map_or_else(|| body.to_owned(), wording)
+        .to_lowercase();
     let code = match status {
         401 | 403 => AUTH.to_owned(),
         402 => QUOTA.to_owned(),
@@ -180,10 +183,6 @@ fn wording(body: &serde_json::Value) -> String {
         words.push(message.to_owned());
     }
     words.join(" ")
-}
-
-fn body_if_not_json<'a>(parsed: &Option<serde_json::Value>, body: &'a str) -> &'a str {
-    if parsed.is_some() { "" } else { body }
 }
 
 fn error_message(body: &serde_json::Value) -> Option<String> {

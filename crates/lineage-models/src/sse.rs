@@ -103,32 +103,30 @@ impl Decoder {
         if let Some(error) = &self.failed {
             return Err(error.clone());
         }
-        let mut frames = Vec::new();
-        if !self.started && !bytes.is_empty() {
+        if bytes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.started {
             // The mark may itself be split: wait until three bytes (or a mismatch) are known.
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
             let mut head = std::mem::take(&mut self.line);
             head.extend_from_slice(bytes);
-            const BOM: &[u8] = b"\xEF\xBB\xBF";
             if head.len() < BOM.len() && BOM.starts_with(&head) {
                 self.line = head;
-                return Ok(frames);
+                return Ok(Vec::new());
             }
             self.started = true;
-            let rest = head.strip_prefix(BOM).unwrap_or(&head).to_vec();
-            return self.push_started(&rest, frames);
+            return self.lines_of(head.strip_prefix(BOM).unwrap_or(&head));
         }
-        if bytes.is_empty() {
-            return Ok(frames);
-        }
-        if self.after_cr && bytes[0] == b'\n' {
+        if std::mem::take(&mut self.after_cr) && bytes[0] == b'\n' {
             bytes = &bytes[1..];
         }
-        self.after_cr = false;
-        self.push_started(bytes, std::mem::take(&mut frames))
+        self.lines_of(bytes)
     }
 
-    fn push_started(&mut self, bytes: &[u8], mut frames: Vec<Frame>) -> Result<Vec<Frame>, Error> {
-        let mut rest = bytes;
+    /// Ends every line `bytes` completes and keeps the rest for the next chunk.
+    fn lines_of(&mut self, mut rest: &[u8]) -> Result<Vec<Frame>, Error> {
+        let mut frames = Vec::new();
         while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
             let (line, tail) = rest.split_at(end);
             self.line.extend_from_slice(line);

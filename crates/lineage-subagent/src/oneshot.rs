@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use lineage_agent::{Agent, BoxFuture, Cancellation, Queued, Tool};
 use lineage_log::{
-    AbortCause, ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, SessionId,
+    AbortCause, ContentBlock, Event, Message, MessageId, MessageSource, Role, SessionId,
 };
 
 use crate::birth::{self, ChildPlan};
@@ -173,7 +173,7 @@ pub(crate) fn read_result(
     } else {
         recorded
     };
-    let output = epoch_answer(own);
+    let output = outcome::epoch_answer(own);
     let structured = match structured {
         Some(Some(value)) => Some(value),
         Some(None) if stop == StopReason::Completed => {
@@ -193,25 +193,4 @@ pub(crate) fn read_result(
         diagnostic: diagnostic.map(|d| bound_diagnostic(&d)),
         stop_reason: stop,
     }
-}
-
-/// The epoch's answer: the content of its last assistant message with content, tool calls
-/// left out (unlike [`lineage_log::final_output`], the whole last message of a session's own
-/// suffix).
-pub(crate) fn epoch_answer(own: &[Event]) -> Vec<ContentBlock> {
-    own.iter()
-        .rev()
-        .find_map(|e| match &e.body {
-            EventBody::AssistantMessage(m) if !m.message.content.is_empty() => Some(
-                m.message
-                    .content
-                    .iter()
-                    .filter(|b| !matches!(b, ContentBlock::ToolCall { .. }))
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .filter(|blocks| !blocks.is_empty())
-        .unwrap_or_default()
 }

@@ -149,6 +149,14 @@ pub(crate) fn closing_message(own: &[Event]) -> Vec<ContentBlock> {
         .unwrap_or_default()
 }
 
+/// A one-shot run's answer: its [`closing_message`] with the tool-call blocks left out (unlike
+/// [`lineage_log::final_output`], the whole last message of a session's own suffix).
+pub(crate) fn epoch_answer(own: &[Event]) -> Vec<ContentBlock> {
+    let mut blocks = closing_message(own);
+    blocks.retain(|b| !matches!(b, ContentBlock::ToolCall { .. }));
+    blocks
+}
+
 /// The most characters a settlement notice's summary has.
 pub(crate) const SUMMARY_BOUND: usize = 120;
 

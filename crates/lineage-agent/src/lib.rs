@@ -37,7 +37,9 @@ pub use cancel::Cancellation;
 pub use error::AgentError;
 pub use hooks::{HOOK_FAILED, HOOK_PANICKED, HookError, Hooks, NoHooks, PreStep, PreStepDecision};
 pub use inbox::Inbox;
-pub use model::{ABORTED, Assembler, ChunkStream, MODEL_PANICKED, Model, ModelRequest, ToolSchema};
+pub use model::{
+    ABORTED, Assembler, ChunkStream, MODEL_PANICKED, Model, ModelError, ModelRequest, ToolSchema,
+};
 pub use prompt::Prompt;
 pub use registry::{AgentSpec, Agents, CreateAgent, DEFAULT_MAX_PARALLEL_TOOLS, Seed};
 pub use scripted::{Gate, Response, SCRIPT_EXHAUSTED, ScriptedCall, ScriptedModel};

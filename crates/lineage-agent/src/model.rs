@@ -6,7 +6,7 @@ use std::pin::Pin;
 use futures_core::Stream;
 use lineage_log::{
     BlockType, CallId, ContentBlock, FinishReason, Message, ModelFailure, SessionId, StepNo,
-    StreamChunk, Text, TurnNo, Usage,
+    StreamChunk, Text, TurnError, TurnNo, Usage,
 };
 
 use crate::Cancellation;
@@ -21,7 +21,76 @@ pub const MODEL_PANICKED: &str = "MODEL_PANICKED";
 /// A model's answer: raw chunks as they arrive. An `Err` item is the adapter's failure; the turn
 /// loop turns it into a terminal `finish` chunk with an error (or aborted) reason, so the loop
 /// never sees an adapter error as anything but a finish. Nothing after a `finish` chunk is read.
-pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<StreamChunk, ModelFailure>> + Send>>;
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<StreamChunk, ModelError>> + Send>>;
+
+/// An adapter's failure, with what the endpoint said about it.
+///
+/// The stream's `finish` chunk records the code and message ([`ModelFailure`]); the turn's stored
+/// error ([`TurnError`]) keeps all of it, so a host can tell when to retry and which request to
+/// quote to the endpoint's operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelError {
+    /// A stable code, for programs.
+    pub code: Text,
+    /// What went wrong, for people.
+    pub message: Text,
+    /// The endpoint's HTTP status, when the failure was an error response.
+    pub status: Option<u32>,
+    /// How long the endpoint asked the caller to wait before retrying.
+    pub retry_after_ms: Option<u64>,
+    /// The endpoint's request id, when it gave one.
+    pub request_id: Option<Text>,
+}
+
+impl ModelError {
+    /// A failure with `code` and `message` and nothing from an endpoint.
+    pub fn new(code: impl Into<Text>, message: impl Into<Text>) -> Self {
+        ModelError {
+            code: code.into(),
+            message: message.into(),
+            status: None,
+            retry_after_ms: None,
+            request_id: None,
+        }
+    }
+
+    /// The code and message, as a stream's `finish` chunk records them.
+    pub fn failure(&self) -> ModelFailure {
+        ModelFailure {
+            message: self.message.clone(),
+            code: self.code.clone(),
+        }
+    }
+
+    /// The turn error this failure becomes when it ends a turn.
+    pub fn into_turn_error(self) -> TurnError {
+        TurnError {
+            message: self.message,
+            code: self.code,
+            status: self.status,
+            retry_after_ms: self.retry_after_ms,
+            request_id: self.request_id,
+        }
+    }
+}
+
+impl From<ModelFailure> for ModelError {
+    fn from(failure: ModelFailure) -> Self {
+        ModelError::new(failure.code, failure.message)
+    }
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)?;
+        if let Some(status) = self.status {
+            write!(f, " (HTTP {status})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ModelError {}
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +142,7 @@ pub trait Model: Send + Sync + 'static {
 pub(crate) struct ModelStream {
     stream: Option<Contained<ChunkStream>>,
     /// A failure to yield before anything else (the request panicked before it had a stream).
-    failed: Option<ModelFailure>,
+    failed: Option<ModelError>,
     /// Who panicked, for the failure's message: agent, model, turn and step.
     subject: String,
 }
@@ -101,7 +170,7 @@ impl ModelStream {
 
     /// The next item; `None` once the stream has ended. Cancel-safe: nothing is lost when the
     /// returned future is dropped before it resolves.
-    pub(crate) async fn next(&mut self) -> Option<Result<StreamChunk, ModelFailure>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<StreamChunk, ModelError>> {
         if let Some(failure) = self.failed.take() {
             return Some(Err(failure));
         }
@@ -115,11 +184,11 @@ impl ModelStream {
     }
 }
 
-fn panicked(subject: &str, when: &str, message: &str) -> ModelFailure {
-    ModelFailure {
-        message: format!("{subject} panicked {when}: {message}").into(),
-        code: MODEL_PANICKED.into(),
-    }
+fn panicked(subject: &str, when: &str, message: &str) -> ModelError {
+    ModelError::new(
+        MODEL_PANICKED,
+        format!("{subject} panicked {when}: {message}"),
+    )
 }
 
 /// The terminal chunk an adapter failure becomes: aborted when the request was cancelled or the

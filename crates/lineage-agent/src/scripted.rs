@@ -8,12 +8,11 @@ use std::task::{Context, Poll};
 
 use futures_core::Stream;
 use lineage_log::{
-    BlockType, CallId, ContentBlock, FinishReason, ModelFailure, StreamChunk, Text, ToolCallDelta,
-    Usage,
+    BlockType, CallId, ContentBlock, FinishReason, StreamChunk, Text, ToolCallDelta, Usage,
 };
 use tokio::sync::watch;
 
-use crate::model::{ABORTED, ChunkStream, Model, ModelRequest};
+use crate::model::{ABORTED, ChunkStream, Model, ModelError, ModelRequest};
 
 /// The code of the failure a [`ScriptedModel`] streams when its script has run out.
 pub const SCRIPT_EXHAUSTED: &str = "SCRIPT_EXHAUSTED";
@@ -60,7 +59,7 @@ pub enum Response {
     /// Streams these chunks, then waits until the request is cancelled and fails with `ABORTED`.
     Hang(Vec<StreamChunk>),
     /// Fails at once with this failure, as an adapter error would.
-    Fail(ModelFailure),
+    Fail(ModelError),
     /// Waits for the gate, then plays the inner response.
     Gated(Gate, Box<Response>),
     /// Decides from the request (for example from the tool results it carries).
@@ -179,10 +178,7 @@ impl Response {
 
     /// A failing request, as a provider error.
     pub fn error(code: &str, message: &str) -> Self {
-        Response::Fail(ModelFailure {
-            message: message.into(),
-            code: code.into(),
-        })
+        Response::Fail(ModelError::new(code, message))
     }
 
     /// A request that streams a partial text and then hangs until cancelled.
@@ -316,12 +312,12 @@ fn resolve(mut response: Response, request: &ModelRequest) -> Plan {
     }
 }
 
-type Waiting = Pin<Box<dyn Future<Output = Option<ModelFailure>> + Send>>;
+type Waiting = Pin<Box<dyn Future<Output = Option<ModelError>> + Send>>;
 
 /// Plays a [`Plan`]: waits at its gates, yields its chunks, then ends, fails or hangs.
 struct ScriptStream {
     before: Option<Waiting>,
-    chunks: VecDeque<Result<StreamChunk, ModelFailure>>,
+    chunks: VecDeque<Result<StreamChunk, ModelError>>,
     after: Option<Waiting>,
 }
 
@@ -343,10 +339,7 @@ impl ScriptStream {
                 chunks.into_iter().map(Ok).collect(),
                 Some(Box::pin(async move {
                     cancel.cancelled().await;
-                    Some(ModelFailure {
-                        message: "the request was cancelled".into(),
-                        code: ABORTED.into(),
-                    })
+                    Some(ModelError::new(ABORTED, "the request was cancelled"))
                 })),
             ),
             Response::Gated(..) | Response::Compute(_) => {
@@ -362,7 +355,7 @@ impl ScriptStream {
 }
 
 impl Stream for ScriptStream {
-    type Item = Result<StreamChunk, ModelFailure>;
+    type Item = Result<StreamChunk, ModelError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let Some(before) = self.before.as_mut() {

@@ -19,7 +19,7 @@ use crate::tool::{
     ABORTED_BEFORE_DISPATCH, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, parse_arguments,
 };
 use crate::{
-    Agent, AgentError, Cancellation, HOOK_FAILED, HOOK_PANICKED, ModelRequest, PreStep,
+    Agent, AgentError, Cancellation, HOOK_FAILED, HOOK_PANICKED, ModelError, ModelRequest, PreStep,
     PreStepDecision, Tool, ToolContext, ToolOutput, Toolset,
 };
 
@@ -292,6 +292,9 @@ async fn run_step(
     };
     let mut stream = ModelStream::start(&*config.model, request);
     let mut assembler = Assembler::new();
+    // The adapter's failure in full: the finish chunk records its code and message, the turn's
+    // error all of it (status, Retry-After, request id).
+    let mut failed: Option<ModelError> = None;
     loop {
         let item = tokio::select! {
             biased;
@@ -303,7 +306,11 @@ async fn run_step(
         let chunk = match item {
             None => break,
             Some(Ok(chunk)) => chunk,
-            Some(Err(failure)) => failure_finish(failure, cancel.is_cancelled()),
+            Some(Err(error)) => {
+                let chunk = failure_finish(error.failure(), cancel.is_cancelled());
+                failed = Some(error);
+                chunk
+            }
         };
         let finished = matches!(chunk, StreamChunk::Finish { .. });
         assembler.push(&chunk);
@@ -319,10 +326,10 @@ async fn run_step(
     let finish = assembler.finish();
     match &finish {
         FinishReason::Error(failure) => {
-            return Err(Stop::Failed(turn_error(
-                &failure.code,
-                failure.message.clone(),
-            )));
+            return Err(Stop::Failed(match failed {
+                Some(error) => error.into_turn_error(),
+                None => turn_error(&failure.code, failure.message.clone()),
+            }));
         }
         FinishReason::Aborted(failure) => {
             // The model gave up without the turn being cancelled: a failure, not an abort.

@@ -18,7 +18,7 @@ use lineage_agent::{
     HOOK_PANICKED, HookError, Hooks, MODEL_PANICKED, Model, ModelRequest, PreStep, PreStepDecision,
     Queued, Response, ScriptedModel, ToolOutput,
 };
-use lineage_log::{EventBody, EventKind, InboxTarget, ModelFailure, StreamChunk, TurnEndReason};
+use lineage_log::{EventBody, EventKind, InboxTarget, StreamChunk, TurnEndReason};
 use lineage_store::Store;
 use lineage_testkit::agent::*;
 
@@ -81,7 +81,7 @@ struct FaultyStream {
 }
 
 impl Stream for FaultyStream {
-    type Item = Result<StreamChunk, ModelFailure>;
+    type Item = Result<StreamChunk, lineage_agent::ModelError>;
 
     fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let first = !self.polled;

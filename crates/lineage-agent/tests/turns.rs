@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lineage_agent::{
     ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError, Hooks,
-    INVALID_ARGUMENTS, NO_MODEL, PreStep, PreStepDecision, Queued, Response, SCRIPT_EXHAUSTED,
-    TOOL_NOT_AVAILABLE, ToolOutput,
+    INVALID_ARGUMENTS, ModelError, NO_MODEL, PreStep, PreStepDecision, Queued, Response,
+    SCRIPT_EXHAUSTED, TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{AbortCause, EventBody, EventKind, InboxTarget, Text, ToolFilter, TurnEndReason};
 use lineage_testkit::agent::*;
@@ -616,6 +616,25 @@ async fn model_failures_end_the_turn_with_an_error_and_the_agent_carries_on() {
         .filter(|e| matches!(&e.body, EventBody::AssistantChunk(c) if matches!(c.chunk, lineage_log::StreamChunk::Finish { .. })))
         .count();
     assert_eq!(finishes, 3, "every failure is logged as a finish chunk");
+    assert_balanced(&agent.events());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_failure_keeps_its_status_retry_after_and_request_id_in_the_turn_error() {
+    let failure = ModelError {
+        status: Some(429),
+        retry_after_ms: Some(2_000),
+        request_id: Some("req-7".into()),
+        ..ModelError::new("RATE_LIMIT", "slow down")
+    };
+    let h = Harness::new([Response::Fail(failure.clone())]);
+    let agent = h.agent().await;
+    agent.followup(user("a")).unwrap();
+    agent.when_idle().await;
+    match &turn_ends(&agent.events())[..] {
+        [TurnEndReason::Error(e)] => assert_eq!(**e, failure.into_turn_error()),
+        other => panic!("expected the endpoint's failure, got {other:?}"),
+    }
     assert_balanced(&agent.events());
 }
 

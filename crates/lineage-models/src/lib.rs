@@ -1,9 +1,9 @@
 //! Model adapters for Lineage agents.
 //!
 //! This crate is where the HTTP adapters behind lineage-agent's `Model` trait are built.
-//! Today it holds the wire-level pieces every such adapter shares, each pure and tested on its
-//! own:
 //!
+//! - [`wire`]: the three wire formats (Chat Completions, Responses, Anthropic Messages): the
+//!   request each writes and how its event stream becomes chunks;
 //! - [`sse`]: an incremental decoder of server-sent events, fed whatever byte chunks the
 //!   connection delivers (a split inside a line, a CRLF or a UTF-8 character is no matter);
 //! - [`failure`]: the stable failure codes a host can act on, the classification of an HTTP
@@ -14,3 +14,6 @@
 
 pub mod failure;
 pub mod sse;
+pub mod wire;
+
+pub use wire::{AnswerReader, Wire};

@@ -9,6 +9,10 @@
 //! script empty is answered `500` with a body that says so, so a test that asks more than it
 //! scripted fails loudly.
 
+pub mod anthropic;
+pub mod chat;
+pub mod responses;
+
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -99,6 +103,22 @@ where
         body.push('\n');
     }
     body.into_bytes()
+}
+
+/// The event-stream bytes of named `events`, each an `event:` line and a `data:` payload (the
+/// framing of the Responses and Anthropic formats).
+pub fn sse_named_body<I, N, D>(events: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = (N, D)>,
+    N: AsRef<str>,
+    D: AsRef<str>,
+{
+    let mut body = Vec::new();
+    for (name, data) in events {
+        body.extend_from_slice(format!("event: {}\n", name.as_ref()).as_bytes());
+        body.extend_from_slice(&sse_body([data]));
+    }
+    body
 }
 
 /// A request as the server received it.

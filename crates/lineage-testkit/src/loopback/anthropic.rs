@@ -1,0 +1,1 @@
+//! Scripts of the anthropic wire format. (Being written.)

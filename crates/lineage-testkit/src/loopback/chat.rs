@@ -1,0 +1,1 @@
+//! Scripts of the chat wire format. (Being written.)

@@ -1,0 +1,1 @@
+//! Scripts of the responses wire format. (Being written.)

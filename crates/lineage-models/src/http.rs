@@ -166,7 +166,8 @@ struct Answer {
 enum Phase {
     Connect,
     Stream {
-        response: reqwest::Response,
+        // Boxed: a response is large, and the phase moves on every read.
+        response: Box<reqwest::Response>,
         reader: AnswerReader,
     },
     Done,
@@ -184,7 +185,7 @@ impl Answer {
                 Phase::Connect => match self.connect().await {
                     Ok(response) => {
                         self.phase = Phase::Stream {
-                            response,
+                            response: Box::new(response),
                             reader: AnswerReader::new(self.model.endpoint.wire),
                         }
                     }
@@ -311,11 +312,22 @@ impl Answer {
             &String::from_utf8_lossy(&body),
             SystemTime::now(),
         );
+        let mut wording = classified.message;
+        // Some services quote the key they refused; it goes no further than this.
+        if let Some(key) = self
+            .model
+            .endpoint
+            .api_key
+            .as_ref()
+            .filter(|k| !k.expose().is_empty())
+        {
+            wording = wording.replace(key.expose(), "<redacted>");
+        }
         ModelError {
             code: classified.code.into(),
             message: format!(
-                "endpoint {} answered HTTP {status}: {}",
-                self.model.endpoint.name, classified.message
+                "endpoint {} answered HTTP {status}: {wording}",
+                self.model.endpoint.name
             )
             .into(),
             status: Some(u32::from(status)),

@@ -150,10 +150,11 @@ impl Recorded {
     }
 }
 
-#[derive(Default)]
 struct Shared {
     script: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Recorded>>,
+    /// How many stalled replies the client has walked away from.
+    released: tokio::sync::watch::Sender<usize>,
 }
 
 /// The server. It stops when dropped.
@@ -172,6 +173,7 @@ impl LoopbackServer {
         let shared = Arc::new(Shared {
             script: Mutex::new(replies.into_iter().collect()),
             requests: Mutex::default(),
+            released: tokio::sync::watch::Sender::new(0),
         });
         let serving = shared.clone();
         let accept = tokio::spawn(async move {
@@ -206,6 +208,14 @@ impl LoopbackServer {
         lock(&self.shared.requests).clone()
     }
 
+    /// Waits until clients have closed `count` connections that were held by [`Reply::Stall`]
+    /// (in total, since the server started): proof that a cancelled client dropped its request.
+    pub async fn stalls_released(&self, count: usize) {
+        let mut released = self.shared.released.subscribe();
+        // The sender lives in `shared`, which this server holds: the wait cannot fail.
+        let _ = released.wait_for(|n| *n >= count).await;
+    }
+
     /// How many scripted replies are still unused.
     pub fn remaining(&self) -> usize {
         lock(&self.shared.script).len()
@@ -235,7 +245,7 @@ async fn serve(mut stream: TcpStream, shared: Arc<Shared>) {
     lock(&shared.requests).push(request);
     let reply = lock(&shared.script).pop_front();
     let _ = match reply {
-        Some(reply) => answer(&mut stream, reply).await,
+        Some(reply) => answer(&mut stream, reply, &shared).await,
         None => {
             write_status(
                 &mut stream,
@@ -248,7 +258,7 @@ async fn serve(mut stream: TcpStream, shared: Arc<Shared>) {
     };
 }
 
-async fn answer(stream: &mut TcpStream, reply: Reply) -> io::Result<()> {
+async fn answer(stream: &mut TcpStream, reply: Reply, shared: &Shared) -> io::Result<()> {
     const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
 cache-control: no-cache\r\nconnection: close\r\n\r\n";
     match reply {
@@ -280,7 +290,9 @@ cache-control: no-cache\r\nconnection: close\r\n\r\n";
             stream.flush().await?;
             // Hold the connection until the client goes away.
             let mut sink = [0u8; 256];
-            while stream.read(&mut sink).await? > 0 {}
+            // A reset counts as going away too.
+            while stream.read(&mut sink).await.unwrap_or(0) > 0 {}
+            shared.released.send_modify(|n| *n += 1);
             Ok(())
         }
     }

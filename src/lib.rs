@@ -5,7 +5,10 @@
 //! - [`log`]: the session log model (events, messages, rules, repair, fork, folds, codec);
 //! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit);
 //! - [`agent`]: the agent runtime on tokio (inbox, turn loop, model and tool traits, registry);
-//! - [`subagent`]: delegation (providers, spawn and fork, one-shot and continuable children).
+//! - [`subagent`]: delegation (providers, spawn and fork, one-shot and continuable children);
+//! - `models` (feature `models`): model adapters for real endpoints (Chat Completions,
+//!   Responses, Anthropic Messages) and a router. Off by default: it brings an HTTP client and
+//!   TLS, which a host with its own models does not need.
 //!
 //! ```no_run
 //! use lineage::log::{Event, Header, SessionId, TurnStart};
@@ -27,5 +30,7 @@
 
 pub use lineage_agent as agent;
 pub use lineage_log as log;
+#[cfg(feature = "models")]
+pub use lineage_models as models;
 pub use lineage_store as store;
 pub use lineage_subagent as subagent;

@@ -15,6 +15,42 @@
 //! - [`failure`]: the stable failure codes a host can act on, the classification of an HTTP
 //!   error response into one of them, and `Retry-After` in both of its forms.
 
+//!
+//! An agent on a configured endpoint, in code:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use lineage_agent::{AgentOptions, AgentSpec, Agents, CreateAgent};
+//! use lineage_models::{ApiKey, Endpoint, Models, Wire};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = lineage_store::Store::open(dir.path().join("sessions.lineage"))?;
+//! let mut models = Models::new();
+//! models.endpoint(
+//!     Endpoint::new("deepseek", Wire::ChatCompletions, "https://api.deepseek.com/v1")
+//!         .with_api_key(ApiKey::new("sk-...")),
+//! )?;
+//! let agents = Agents::new(store, Arc::new(models));
+//! let options = AgentOptions {
+//!     endpoint: Some("deepseek".into()),
+//!     model: Some("deepseek-chat".into()),
+//!     ..AgentOptions::default()
+//! };
+//! let agent = agents
+//!     .create(CreateAgent::fresh(AgentSpec { options, ..AgentSpec::default() }))
+//!     .await?;
+//! // agent.followup(message) would now ask deepseek-chat, streaming into the session's log.
+//! # drop(agent);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Or from the environment: `Models::from_env(None, |v| std::env::var(v).ok())` reads
+//! `LINEAGE_MODEL=ENDPOINT:MODEL` and the endpoint's settings ([`Endpoint::from_env`]).
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -46,10 +46,7 @@ impl Host {
 
     async fn agent(&self, tools: Vec<Arc<dyn Tool>>) -> Arc<lineage_agent::Agent> {
         self.agents
-            .create(CreateAgent::fresh(AgentSpec {
-                tools,
-                ..spec()
-            }))
+            .create(CreateAgent::fresh(AgentSpec { tools, ..spec() }))
             .await
             .expect("the agent is created")
     }
@@ -85,7 +82,12 @@ macro_rules! adapter_tests {
 
             #[tokio::test(start_paused = true)]
             async fn a_text_turn_streams_into_the_log_with_its_usage() {
-                let answer = Script::new().text("Hel").text("lo, ").text("world").usage(12, 3, Some(4)).stop();
+                let answer = Script::new()
+                    .text("Hel")
+                    .text("lo, ")
+                    .text("world")
+                    .usage(12, 3, Some(4))
+                    .stop();
                 let server = LoopbackServer::start([answer.chunked(7, Duration::from_millis(5))])
                     .await
                     .unwrap();
@@ -110,7 +112,10 @@ macro_rules! adapter_tests {
             #[tokio::test(start_paused = true)]
             async fn a_tool_result_reaches_the_next_request() {
                 let server = LoopbackServer::start([
-                    Script::new().tool_call("call_7", "weather", &["{\"ci", "ty\": \"Oslo\"}"]).tool_stop().reply(),
+                    Script::new()
+                        .tool_call("call_7", "weather", &["{\"ci", "ty\": \"Oslo\"}"])
+                        .tool_stop()
+                        .reply(),
                     script::text("It is sunny."),
                 ])
                 .await
@@ -120,14 +125,23 @@ macro_rules! adapter_tests {
                 run_turn(&agent, "weather?").await;
                 let events = agent.events();
                 assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
-                assert_eq!(assistant_texts(&events).last().map(String::as_str), Some("It is sunny."));
+                assert_eq!(
+                    assistant_texts(&events).last().map(String::as_str),
+                    Some("It is sunny.")
+                );
                 let requests = server.requests();
                 assert_eq!(requests.len(), 2);
                 let first = requests[0].json().unwrap().to_string();
-                assert!(first.contains("\"weather\""), "the tool is offered: {first}");
+                assert!(
+                    first.contains("\"weather\""),
+                    "the tool is offered: {first}"
+                );
                 let second = requests[1].json().unwrap().to_string();
                 assert!(second.contains("call_7"), "the call is sent back: {second}");
-                assert!(second.contains("sunny in Oslo"), "with its result: {second}");
+                assert!(
+                    second.contains("sunny in Oslo"),
+                    "with its result: {second}"
+                );
                 assert_balanced(&events);
             }
 
@@ -138,7 +152,10 @@ macro_rules! adapter_tests {
                     ("call_b", "weather", &["{\"city\"", ": \"Lima\"}"]),
                 ];
                 let server = LoopbackServer::start([
-                    Script::new().parallel_tool_calls(&calls).tool_stop().chunked(5, Duration::ZERO),
+                    Script::new()
+                        .parallel_tool_calls(&calls)
+                        .tool_stop()
+                        .chunked(5, Duration::ZERO),
                     script::text("Both sunny."),
                 ])
                 .await
@@ -175,7 +192,11 @@ macro_rules! adapter_tests {
                 assert_eq!(error.status, Some(429));
                 assert_eq!(error.retry_after_ms, Some(30_000));
                 assert_eq!(error.request_id.as_deref(), Some("req-9"));
-                assert_eq!(server.requests().len(), 1, "30 s is beyond the policy: no retry");
+                assert_eq!(
+                    server.requests().len(),
+                    1,
+                    "30 s is beyond the policy: no retry"
+                );
                 assert_balanced(&agent.events());
             }
 
@@ -199,15 +220,20 @@ macro_rules! adapter_tests {
             async fn a_stream_cut_mid_event_after_a_chunk_fails_without_a_retry() {
                 let mut body = Script::new().text("half an ans").body();
                 body.extend_from_slice(b"data: {\"trunc");
-                let server = LoopbackServer::start([Reply::Cut { body }, script::text("never asked")])
-                    .await
-                    .unwrap();
+                let server =
+                    LoopbackServer::start([Reply::Cut { body }, script::text("never asked")])
+                        .await
+                        .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
                 run_turn(&agent, "hi").await;
                 let error = only_error(&agent);
                 assert_eq!(&*error.code, STREAM_CLOSED, "{error:?}");
-                assert_eq!(server.requests().len(), 1, "a half-streamed answer is never replayed");
+                assert_eq!(
+                    server.requests().len(),
+                    1,
+                    "a half-streamed answer is never replayed"
+                );
                 assert_eq!(server.remaining(), 1);
                 assert_balanced(&agent.events());
             }
@@ -215,7 +241,9 @@ macro_rules! adapter_tests {
             #[tokio::test(start_paused = true)]
             async fn a_stream_that_goes_silent_mid_answer_times_out() {
                 let body = Script::new().text("thinking about it").body();
-                let server = LoopbackServer::start([Reply::Stall { body }]).await.unwrap();
+                let server = LoopbackServer::start([Reply::Stall { body }])
+                    .await
+                    .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
                 let started = tokio::time::Instant::now();
@@ -229,7 +257,9 @@ macro_rules! adapter_tests {
             #[tokio::test(start_paused = true)]
             async fn cancelling_mid_stream_drops_the_request_and_leaves_a_balanced_log() {
                 let body = Script::new().text("a long story").body();
-                let server = LoopbackServer::start([Reply::Stall { body }]).await.unwrap();
+                let server = LoopbackServer::start([Reply::Stall { body }])
+                    .await
+                    .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
                 let mut events = agent.subscribe();
@@ -246,7 +276,9 @@ macro_rules! adapter_tests {
             #[tokio::test(start_paused = true)]
             async fn the_key_never_reaches_the_store_or_the_turn_error() {
                 let quoted = script::error_body("authentication", &format!("bad key {KEY}"));
-                let server = LoopbackServer::start([Reply::status(401, quoted)]).await.unwrap();
+                let server = LoopbackServer::start([Reply::status(401, quoted)])
+                    .await
+                    .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
                 run_turn(&agent, "hi").await;
@@ -254,7 +286,10 @@ macro_rules! adapter_tests {
                 assert!(!error.message.contains(KEY), "{error:?}");
                 let bytes = host.file_bytes(&agent).await;
                 let needle = KEY.as_bytes();
-                assert!(!bytes.windows(needle.len()).any(|w| w == needle), "the key is in the store file");
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle),
+                    "the key is in the store file"
+                );
                 drop(host.store);
             }
         }

@@ -409,3 +409,33 @@ async fn the_router_sends_each_request_to_its_endpoint_and_names_the_configured_
     }
     assert_eq!(server.requests().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_environment_configures_the_chosen_endpoint_and_its_key() {
+    let server = LoopbackServer::start([status(401, &[], "{}")])
+        .await
+        .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let vars = [
+        ("LINEAGE_MODEL", "loop:claude-test"),
+        ("LINEAGE_BASE_URL", base.as_str()),
+        ("LINEAGE_WIRE", "anthropic"),
+        ("LINEAGE_API_KEY_VAR", "LOOP_KEY"),
+        ("LOOP_KEY", KEY),
+    ];
+    let env = |name: &str| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    };
+    let (models, choice) = Models::from_env(None, env).expect("configured");
+    assert_eq!((&*choice.endpoint, &*choice.model), ("loop", "claude-test"));
+    assert_eq!(models.names().collect::<Vec<_>>(), ["loop"]);
+    assert_eq!(failure_of(&models).await.code, AUTH);
+    let [sent] = <[_; 1]>::try_from(server.requests()).expect("one request");
+    assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.header("x-api-key"), Some(KEY));
+    // A choice on the command line wins over the variable.
+    let (_, chosen) = Models::from_env(Some("loop:other"), env).expect("configured");
+    assert_eq!(chosen.model, "other");
+}

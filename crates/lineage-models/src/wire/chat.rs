@@ -1,31 +1,1227 @@
-//! The ChatCompletions wire format. (Being written.)
+//! The OpenAI-compatible Chat Completions wire format: `POST {base}/chat/completions` with
+//! `stream: true`, answered by unnamed server-sent events, each a `chat.completion.chunk` JSON
+//! object, ended by `data: [DONE]`.
+//!
+//! Reading: `choices[0].delta` carries `content`, reasoning (`reasoning_content` from DeepSeek
+//! and the servers that copy it, `reasoning` from others) and `tool_calls[]`, whose entries are
+//! keyed by `index`; a call's `id` and `function.name` come on its first entry only, its
+//! `function.arguments` in string fragments. The `finish_reason` comes on a choice; usage comes
+//! on the finish chunk or on a trailing chunk with no choices. Both are held until `[DONE]`, so
+//! that usage always precedes `finish` whichever chunk carried it. The format never closes a
+//! block, so no `BlockEnd` is emitted: the assembler builds each block from its deltas.
+//!
+//! Block indices are Lineage's own, given in order of first appearance: consecutive text (or
+//! reasoning) deltas share a block, a switch to another kind opens a new one, and every tool
+//! call has its own block, found again by its wire `index` however the calls interleave.
+
+use std::time::UNIX_EPOCH;
 
 use lineage_agent::{ModelError, ModelRequest};
-use lineage_log::StreamChunk;
+use lineage_log::{
+    BlockType, CallId, ContentBlock, FinishReason, ModelFailure, Role, StreamChunk, Text,
+    ToolCallDelta, Usage,
+};
+use serde_json::{Map, Value, json};
 
-use super::{Translate, Wire, bad_response};
+use super::{Translate, Wire, bad_response, empty_response, json, result_text, stream_closed};
+use crate::failure;
 use crate::sse::Event;
 
+const WIRE: Wire = Wire::ChatCompletions;
+
 /// The request body.
-pub(crate) fn body(request: &ModelRequest) -> serde_json::Value {
-    let _ = request;
-    serde_json::Value::Null
+pub(crate) fn body(request: &ModelRequest) -> Value {
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    // An empty system prompt says nothing; some servers refuse an empty message.
+    if !request.system.is_empty() {
+        messages.push(json!({"role": "system", "content": request.system}));
+    }
+    for message in &request.messages {
+        match message.role {
+            Role::User => user_messages(&message.content, &mut messages),
+            Role::Assistant => assistant_message(&message.content, &mut messages),
+        }
+    }
+    let mut body = json!({
+        "model": request.model.as_str(),
+        "stream": true,
+        // Without it the stream carries no usage at all.
+        "stream_options": {"include_usage": true},
+        "messages": messages,
+    });
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": tool.parameters,
+                    },
+                })
+            })
+            .collect();
+        body["tools"] = Value::Array(tools);
+    }
+    // `max_tokens`, not `max_completion_tokens`: every server this format reaches reads
+    // `max_tokens` (DeepSeek, vLLM, llama.cpp, Ollama and the gateways), while several do not
+    // know the newer field and would ignore it, leaving the cap silently unapplied. OpenAI
+    // deprecated `max_tokens` and its reasoning models refuse it, loudly (a 400); OpenAI's own
+    // models are better reached over the Responses wire.
+    if let Some(max_tokens) = request.max_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
+    body
+}
+
+/// A user message's blocks: each tool result becomes its own `role: tool` message (the format's
+/// only place for one), and every run of other blocks between them one `role: user` message, so
+/// the order of the history is kept.
+fn user_messages(blocks: &[ContentBlock], messages: &mut Vec<Value>) {
+    let mut parts = Vec::new();
+    for block in blocks {
+        match block {
+            ContentBlock::ToolResult {
+                tool_call_id,
+                content,
+                // The format has no error flag: a failed call's result speaks for itself.
+                is_error: _,
+            } => {
+                push_user(&mut parts, messages);
+                messages.push(json!({
+                    "role": "tool",
+                    "tool_call_id": tool_call_id.as_str(),
+                    "content": result_text(content),
+                }));
+            }
+            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => {
+                parts.push(json!({"type": "text", "text": text.as_str()}));
+            }
+            ContentBlock::Image { attachment, .. } if is_url(attachment) => {
+                parts.push(json!({"type": "image_url", "image_url": {"url": attachment.as_str()}}));
+            }
+            // An image the server cannot fetch (a host's attachment id), or a tool call in a
+            // user message: a note in words.
+            ContentBlock::Image { .. } | ContentBlock::ToolCall { .. } => {
+                parts.push(
+                    json!({"type": "text", "text": result_text(std::slice::from_ref(block))}),
+                );
+            }
+        }
+    }
+    push_user(&mut parts, messages);
+}
+
+/// One `role: user` message of `parts`, taken: a single text part as a plain string (what every
+/// server reads, some of which refuse part arrays), anything else as the array of parts.
+fn push_user(parts: &mut Vec<Value>, messages: &mut Vec<Value>) {
+    let content = match parts.as_mut_slice() {
+        [] => return,
+        [only] if only["type"] == "text" => only["text"].take(),
+        _ => Value::Array(std::mem::take(parts)),
+    };
+    parts.clear();
+    messages.push(json!({"role": "user", "content": content}));
+}
+
+/// An image the server can fetch or decode itself.
+fn is_url(attachment: &str) -> bool {
+    let lower = attachment
+        .get(..8)
+        .unwrap_or(attachment)
+        .to_ascii_lowercase();
+    lower.starts_with("https://") || lower.starts_with("http://") || lower.starts_with("data:")
+}
+
+/// An assistant message: its text blocks as `content`, its reasoning as `reasoning_content`
+/// (DeepSeek refuses a tool loop whose assistant messages lost their reasoning; other servers
+/// ignore the field) and its calls as `tool_calls`. A message with no content says nothing and
+/// is left out.
+fn assistant_message(blocks: &[ContentBlock], messages: &mut Vec<Value>) {
+    let mut text = Vec::new();
+    let mut reasoning = Vec::new();
+    let mut calls = Vec::new();
+    for block in blocks {
+        match block {
+            ContentBlock::Text { text: t } => text.push(t.to_string()),
+            ContentBlock::Reasoning { text: t } => reasoning.push(t.as_str()),
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => {
+                // A call without arguments is sent as an empty object: servers that render the
+                // history through a chat template parse the arguments as JSON.
+                let arguments = if arguments.trim().is_empty() {
+                    "{}"
+                } else {
+                    arguments.as_str()
+                };
+                calls.push(json!({
+                    "id": id.as_str(),
+                    "type": "function",
+                    "function": {"name": name.as_str(), "arguments": arguments},
+                }));
+            }
+            // Nothing else has a place in an assistant message: a note in words.
+            ContentBlock::Image { .. } | ContentBlock::ToolResult { .. } => {
+                text.push(result_text(std::slice::from_ref(block)))
+            }
+        }
+    }
+    if text.is_empty() && reasoning.is_empty() && calls.is_empty() {
+        return;
+    }
+    let mut message = json!({"role": "assistant"});
+    // A message that only calls tools has no content (`null`), as the format writes it.
+    message["content"] = if text.is_empty() && !calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(text.join("\n"))
+    };
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning.join("\n"));
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    messages.push(message);
 }
 
 /// Reads one answer.
 #[derive(Debug, Default)]
-pub(crate) struct Translator {}
+pub(crate) struct Translator {
+    /// The next block index to give.
+    next_index: u32,
+    /// The block the last delta went to: a text or reasoning delta of the same kind continues it.
+    current: Option<Current>,
+    /// The tool calls seen so far, in order of first appearance.
+    calls: Vec<Call>,
+    /// The last usage seen (the finish chunk's, or a trailing chunk's).
+    usage: Option<Usage>,
+    /// The first `finish_reason` seen.
+    finish: Option<String>,
+    /// `[DONE]` was read.
+    done: bool,
+    /// `end` has run.
+    ended: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Current {
+    Text(u32),
+    Reasoning(u32),
+    ToolCall,
+}
+
+#[derive(Debug)]
+struct Call {
+    /// The entry's `index` on the wire; `None` for a server that sent none (then the call is
+    /// found again by its id, or is the latest call).
+    wire: Option<u64>,
+    /// The block index.
+    index: u32,
+    /// The id from the call's first entry, put on every delta.
+    id: CallId,
+}
+
+impl Translator {
+    fn open(
+        &mut self,
+        block_type: BlockType,
+        out: &mut Vec<StreamChunk>,
+    ) -> Result<u32, ModelError> {
+        let index = self.next_index;
+        self.next_index = index
+            .checked_add(1)
+            .ok_or_else(|| bad_response(WIRE, "the answer has more blocks than can be counted"))?;
+        out.push(StreamChunk::BlockStart { index, block_type });
+        Ok(index)
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        let index = match self.current {
+            Some(Current::Text(index)) => index,
+            _ => self.open(BlockType::Text, out)?,
+        };
+        self.current = Some(Current::Text(index));
+        out.push(StreamChunk::TextDelta {
+            index,
+            text: text.into(),
+        });
+        Ok(())
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        let index = match self.current {
+            Some(Current::Reasoning(index)) => index,
+            _ => self.open(BlockType::Reasoning, out)?,
+        };
+        self.current = Some(Current::Reasoning(index));
+        out.push(StreamChunk::ReasoningDelta {
+            index,
+            text: text.into(),
+        });
+        Ok(())
+    }
+
+    fn choice(&mut self, choice: &Value, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        let Some(choice) = choice.as_object() else {
+            return Err(bad_response(WIRE, "a choice is not an object"));
+        };
+        match present(choice, "index") {
+            None => {}
+            Some(index) => match index.as_u64() {
+                Some(0) => {}
+                // The request asks for one choice; another is no part of this answer.
+                Some(_) => return Ok(()),
+                None => return Err(bad_response(WIRE, "a choice's index is not a number")),
+            },
+        }
+        if let Some(delta) = present(choice, "delta") {
+            let Some(delta) = delta.as_object() else {
+                return Err(bad_response(WIRE, "a choice's delta is not an object"));
+            };
+            self.delta(delta, out)?;
+        }
+        match present(choice, "finish_reason") {
+            None => {}
+            Some(Value::String(reason)) => {
+                self.finish.get_or_insert_with(|| reason.clone());
+            }
+            Some(_) => return Err(bad_response(WIRE, "a finish_reason is not a string")),
+        }
+        Ok(())
+    }
+
+    fn delta(
+        &mut self,
+        delta: &Map<String, Value>,
+        out: &mut Vec<StreamChunk>,
+    ) -> Result<(), ModelError> {
+        // One of the two reasoning fields, never both: a server that sends both sends the same
+        // text twice. An empty one (DeepSeek opens its reasoning with "") carries nothing.
+        let mut reasoning = None;
+        for field in ["reasoning_content", "reasoning"] {
+            if let Some(text) = string(delta, field)?.filter(|t| !t.is_empty()) {
+                reasoning.get_or_insert(text);
+            }
+        }
+        if let Some(text) = reasoning {
+            self.reasoning(text, out)?;
+        }
+        if let Some(text) = string(delta, "content")?.filter(|t| !t.is_empty()) {
+            self.text(text, out)?;
+        }
+        match present(delta, "tool_calls") {
+            None => {}
+            Some(Value::Array(entries)) => {
+                for entry in entries {
+                    self.tool_call(entry, out)?;
+                }
+            }
+            Some(_) => return Err(bad_response(WIRE, "a delta's tool_calls is not an array")),
+        }
+        Ok(())
+    }
+
+    fn tool_call(&mut self, entry: &Value, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        let Some(entry) = entry.as_object() else {
+            return Err(bad_response(WIRE, "a tool call entry is not an object"));
+        };
+        let wire =
+            match present(entry, "index") {
+                None => None,
+                Some(index) => Some(index.as_u64().ok_or_else(|| {
+                    bad_response(WIRE, "a tool call entry's index is not a number")
+                })?),
+            };
+        let id = string(entry, "id")?.filter(|id| !id.is_empty());
+        let function = match present(entry, "function") {
+            None => None,
+            Some(Value::Object(function)) => Some(function),
+            Some(_) => {
+                return Err(bad_response(
+                    WIRE,
+                    "a tool call's function is not an object",
+                ));
+            }
+        };
+        let (name, arguments) = match function {
+            Some(function) => (
+                string(function, "name")?.filter(|n| !n.is_empty()),
+                string(function, "arguments")?.unwrap_or(""),
+            ),
+            None => (None, ""),
+        };
+        let known = match (wire, id) {
+            (Some(wire), _) => self.calls.iter().position(|c| c.wire == Some(wire)),
+            (None, Some(id)) => self.calls.iter().position(|c| c.id.as_str() == id),
+            (None, None) => self.calls.len().checked_sub(1),
+        };
+        let delta = match known {
+            Some(at) => {
+                // A later entry: its id and name, if a server repeats them, are the first's.
+                if arguments.is_empty() {
+                    return Ok(());
+                }
+                let call = &self.calls[at];
+                ToolCallDelta {
+                    index: call.index,
+                    id: call.id.clone(),
+                    name: None,
+                    arguments_delta: arguments.into(),
+                }
+            }
+            None => {
+                let which = wire.map_or_else(|| "without an index".to_owned(), |w| format!("{w}"));
+                let (Some(id), Some(name)) = (id, name) else {
+                    return Err(bad_response(
+                        WIRE,
+                        format_args!("tool call {which} began without an id and a name"),
+                    ));
+                };
+                let index = self.open(BlockType::ToolCall, out)?;
+                let id = CallId::new(id);
+                self.calls.push(Call {
+                    wire,
+                    index,
+                    id: id.clone(),
+                });
+                ToolCallDelta {
+                    index,
+                    id,
+                    name: Some(name.into()),
+                    arguments_delta: arguments.into(),
+                }
+            }
+        };
+        self.current = Some(Current::ToolCall);
+        out.push(StreamChunk::ToolCallDelta(Box::new(delta)));
+        Ok(())
+    }
+}
 
 impl Translate for Translator {
-    fn event(&mut self, _event: &Event, _out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        Err(bad_response(Wire::ChatCompletions, "not yet readable"))
+    fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        if self.done {
+            return Ok(());
+        }
+        // The format's events are unnamed; a server that names its failures calls them
+        // `error`. Any other name is something newer than this reader: ignored.
+        let named_error = event.event == "error";
+        if !(event.event.is_empty() || event.event == "message" || named_error) {
+            return Ok(());
+        }
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let chunk = json(WIRE, event)?;
+        let Some(fields) = chunk.as_object() else {
+            return Err(bad_response(WIRE, "a chunk is not a JSON object"));
+        };
+        if present(fields, "error").is_some() || named_error {
+            return Err(server_failure(&chunk));
+        }
+        if let Some(usage) = present(fields, "usage") {
+            self.usage = Some(read_usage(usage)?);
+        }
+        match present(fields, "choices") {
+            // The trailing usage chunk: `choices: []`, `null`, or none at all.
+            None => {}
+            Some(Value::Array(choices)) => {
+                for choice in choices {
+                    self.choice(choice, out)?;
+                }
+            }
+            Some(_) => return Err(bad_response(WIRE, "a chunk's choices is not an array")),
+        }
+        Ok(())
     }
 
     fn is_done(&self) -> bool {
-        false
+        self.done
     }
 
-    fn end(&mut self, _out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        Err(bad_response(Wire::ChatCompletions, "not yet readable"))
+    fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        if std::mem::replace(&mut self.ended, true) {
+            return Ok(());
+        }
+        if !self.done {
+            return Err(stream_closed(WIRE));
+        }
+        if let Some(usage) = self.usage {
+            out.push(StreamChunk::Usage(Box::new(usage)));
+        }
+        let Some(word) = self.finish.as_deref() else {
+            return Err(bad_response(
+                WIRE,
+                "the stream ended without a finish_reason",
+            ));
+        };
+        let reason = match word {
+            "stop" => FinishReason::Stop,
+            "tool_calls" => FinishReason::ToolCalls,
+            "length" => FinishReason::MaxTokens,
+            other => FinishReason::Error(Box::new(finish_failure(other))),
+        };
+        let normal = matches!(reason, FinishReason::Stop | FinishReason::ToolCalls);
+        if normal && self.next_index == 0 {
+            return Err(empty_response(WIRE));
+        }
+        out.push(StreamChunk::Finish { reason });
+        Ok(())
+    }
+}
+
+/// A field that is present and not `null`.
+fn present<'a>(object: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+    object.get(field).filter(|v| !v.is_null())
+}
+
+/// A string field, absent or `null` being `None`; any other type is malformed.
+fn string<'a>(object: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, ModelError> {
+    match present(object, field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(bad_response(
+            WIRE,
+            format_args!("a {field} is not a string"),
+        )),
+    }
+}
+
+/// The usage object: `prompt_tokens` (which counts the cached ones too), `completion_tokens`,
+/// and the cached tokens where OpenAI (`prompt_tokens_details.cached_tokens`) or DeepSeek
+/// (`prompt_cache_hit_tokens`) puts them. A count the server leaves out is 0.
+fn read_usage(usage: &Value) -> Result<Usage, ModelError> {
+    let Some(fields) = usage.as_object() else {
+        return Err(bad_response(WIRE, "the usage is not an object"));
+    };
+    let count = |value: Option<&Value>, name: &str| match value.filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad_response(WIRE, format_args!("the usage's {name} is not a count"))),
+    };
+    let cached = match count(
+        usage.pointer("/prompt_tokens_details/cached_tokens"),
+        "cached_tokens",
+    )? {
+        Some(cached) => Some(cached),
+        None => count(
+            fields.get("prompt_cache_hit_tokens"),
+            "prompt_cache_hit_tokens",
+        )?,
+    };
+    Ok(Usage {
+        input_tokens: count(fields.get("prompt_tokens"), "prompt_tokens")?.unwrap_or(0),
+        output_tokens: count(fields.get("completion_tokens"), "completion_tokens")?.unwrap_or(0),
+        cache_read_tokens: cached,
+    })
+}
+
+/// The error finish of a `finish_reason` this reader does not take as a normal end: the code is
+/// `FINISH_` and the reason in upper case (`FINISH_CONTENT_FILTER`), bounded and reduced to
+/// letters, digits and underscores, so a server's word cannot make an unreadable code.
+fn finish_failure(reason: &str) -> ModelFailure {
+    let word: String = reason
+        .chars()
+        .take(48)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let shown: String = reason.chars().take(48).collect();
+    let message = if reason == "content_filter" {
+        "the chat endpoint's content filter withheld the answer (finish_reason content_filter)"
+            .to_owned()
+    } else {
+        format!(
+            "the chat endpoint stopped for a reason Lineage does not know (finish_reason {shown:?})"
+        )
+    };
+    ModelFailure {
+        code: Text::from(format!("FINISH_{word}")),
+        message: message.into(),
+    }
+}
+
+/// A failure the server reported inside the stream (`{"error": {...}}`, or an event named
+/// `error`). Its class comes from a status-like number the error carries (`code` or `status`,
+/// as vLLM and the gateways write it) or else from the words of its `type`, `code` and
+/// `message`; the failure classification then reads the same wording for quota and context
+/// overflow, exactly as it reads an HTTP error body. The server's own code is never the code.
+fn server_failure(chunk: &Value) -> ModelError {
+    let body = if chunk.get("error").is_some_and(|e| !e.is_null()) {
+        chunk.clone()
+    } else {
+        json!({"error": chunk})
+    };
+    let error = &body["error"];
+    let status = error_class(error);
+    let classified = failure::classify(status, |_| None, &body.to_string(), UNIX_EPOCH);
+    let said = error
+        .get("message")
+        .and_then(Value::as_str)
+        .or_else(|| error.as_str())
+        .is_some_and(|m| !m.trim().is_empty());
+    let message = if said {
+        format!(
+            "the chat endpoint failed mid-stream: {}",
+            classified.message
+        )
+    } else {
+        "the chat endpoint failed mid-stream and said nothing about why".to_owned()
+    };
+    let mut failure = ModelError::new(classified.code, message);
+    failure.request_id = classified.request_id.map(Text::from);
+    failure
+}
+
+/// The HTTP status whose class a mid-stream error belongs to.
+fn error_class(error: &Value) -> u16 {
+    let number = ["status", "code"].iter().find_map(|field| {
+        let value = error.get(*field)?;
+        value
+            .as_u64()
+            .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()))
+    });
+    match number {
+        Some(401 | 403) => return 401,
+        Some(402) => return 402,
+        Some(429) => return 429,
+        Some(400 | 413 | 422) => return 400,
+        Some(500..=599) => return 500,
+        _ => {}
+    }
+    let words: String = ["type", "code", "message"]
+        .iter()
+        .filter_map(|field| error.get(*field).and_then(Value::as_str))
+        .chain(error.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
+    let names = |list: &[&str]| list.iter().any(|w| words.contains(w));
+    if names(&["auth", "api key", "api_key", "permission"]) {
+        401
+    } else if names(&[
+        "rate_limit",
+        "rate limit",
+        "too many requests",
+        "quota",
+        "insufficient",
+        "billing",
+        "spend",
+    ]) {
+        429
+    } else if names(&[
+        "invalid_request",
+        "invalid request",
+        "bad_request",
+        "badrequest",
+        "context",
+        "too many tokens",
+        "too long",
+    ]) {
+        400
+    } else {
+        500
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AnswerReader;
+    use crate::failure::{
+        BAD_RESPONSE, CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE, QUOTA, RATE_LIMIT, SERVER,
+        STREAM_CLOSED,
+    };
+    use lineage_agent::{Assembler, Cancellation, ToolSchema};
+    use lineage_log::{Message, MessageId, MessageSource, SessionId};
+
+    /// What a literal answer reads to: its chunks, and how it ended.
+    fn read(wire_text: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
+        let mut reader = AnswerReader::new(WIRE);
+        let mut out = Vec::new();
+        let mut result = reader.push(wire_text.as_bytes(), &mut out);
+        if result.is_ok() {
+            result = reader.finish(&mut out);
+        }
+        (out, result)
+    }
+
+    /// A literal answer that reads without failure, assembled.
+    fn assemble(wire_text: &str) -> (Vec<StreamChunk>, Assembler) {
+        let (chunks, result) = read(wire_text);
+        assert_eq!(result, Ok(()), "the answer reads: {chunks:?}");
+        let mut assembler = Assembler::new();
+        for chunk in &chunks {
+            assembler.push(chunk);
+        }
+        (chunks, assembler)
+    }
+
+    fn failure_of(wire_text: &str) -> ModelError {
+        match read(wire_text) {
+            (_, Err(error)) => error,
+            (chunks, Ok(())) => panic!("expected a failure, read {chunks:?}"),
+        }
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
+        ContentBlock::ToolCall {
+            id: CallId::new(id),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn reasoning(text: &str) -> ContentBlock {
+        ContentBlock::Reasoning { text: text.into() }
+    }
+
+    /// The chunks' shape, with promises checked: no delta before its block's start, usage
+    /// right before the finish, the finish last.
+    fn check_promises(chunks: &[StreamChunk]) {
+        let mut started = Vec::new();
+        for (at, chunk) in chunks.iter().enumerate() {
+            match chunk {
+                StreamChunk::BlockStart { index, .. } => started.push(*index),
+                StreamChunk::TextDelta { index, .. }
+                | StreamChunk::ReasoningDelta { index, .. } => {
+                    assert!(started.contains(index), "delta before its start at {at}")
+                }
+                StreamChunk::ToolCallDelta(d) => {
+                    assert!(started.contains(&d.index), "delta before its start at {at}")
+                }
+                StreamChunk::Usage(_) => assert!(
+                    matches!(chunks.get(at + 1), Some(StreamChunk::Finish { .. }) | None),
+                    "usage right before the finish"
+                ),
+                StreamChunk::Finish { .. } => assert_eq!(at, chunks.len() - 1, "finish is last"),
+                StreamChunk::BlockEnd { .. } => {}
+            }
+        }
+    }
+
+    const TEXT: &str = r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":", world."},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}
+
+data: [DONE]
+
+"#;
+
+    #[test]
+    fn text_deltas_share_one_block_and_stop_finishes() {
+        let (chunks, assembled) = assemble(TEXT);
+        check_promises(&chunks);
+        assert_eq!(
+            chunks[0],
+            StreamChunk::BlockStart {
+                index: 0,
+                block_type: BlockType::Text
+            }
+        );
+        assert_eq!(
+            assembled.blocks(),
+            vec![ContentBlock::text("Hello, world.")]
+        );
+        assert_eq!(assembled.finish(), FinishReason::Stop);
+        assert_eq!(assembled.usage(), None, "no usage was sent");
+    }
+
+    #[test]
+    fn deepseek_reasoning_then_text_with_usage_on_the_finish_chunk() {
+        // DeepSeek: the first thinking delta is empty, content is null while it thinks, and the
+        // finish chunk carries the usage with its cache-hit count.
+        let wire = r#"data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":""},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"The user greets"},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"; greet back."},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":"Hi!","reasoning_content":null},"logprobs":null,"finish_reason":null}]}
+
+data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":"","reasoning_content":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0},"prompt_cache_hit_tokens":0,"prompt_cache_miss_tokens":12}}
+
+data: [DONE]
+
+"#;
+        let (chunks, assembled) = assemble(wire);
+        check_promises(&chunks);
+        assert_eq!(
+            assembled.blocks(),
+            vec![
+                reasoning("The user greets; greet back."),
+                ContentBlock::text("Hi!")
+            ]
+        );
+        assert_eq!(
+            assembled.usage(),
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 9,
+                cache_read_tokens: Some(0)
+            })
+        );
+        assert_eq!(assembled.finish(), FinishReason::Stop);
+    }
+
+    #[test]
+    fn a_reasoning_field_is_read_too_and_never_twice() {
+        let wire = r#"data: {"choices":[{"index":0,"delta":{"reasoning":"think"}}]}
+
+data: {"choices":[{"index":0,"delta":{"reasoning":" more","reasoning_content":" more"}}]}
+
+data: {"choices":[{"index":0,"delta":{"content":"done"},"finish_reason":"stop"}]}
+
+data: [DONE]
+
+"#;
+        let (_, assembled) = assemble(wire);
+        assert_eq!(
+            assembled.blocks(),
+            vec![reasoning("think more"), ContentBlock::text("done")]
+        );
+    }
+
+    const PARALLEL: &str = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read","arguments":""}}]},"finish_reason":null}]}
+
+data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"list","arguments":"{\"di"}}]},"finish_reason":null}]}
+
+data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":"}}]},"finish_reason":null}]}
+
+data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"r\":\"/\"}"}},{"index":0,"function":{"arguments":"\"a.txt\"}"}}]},"finish_reason":null}]}
+
+data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}
+
+data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":20,"total_tokens":60,"prompt_tokens_details":{"cached_tokens":32}}}
+
+data: [DONE]
+
+"#;
+
+    #[test]
+    fn parallel_tool_calls_with_interleaved_split_arguments_each_get_a_block_and_their_ids() {
+        let (chunks, assembled) = assemble(PARALLEL);
+        check_promises(&chunks);
+        for chunk in &chunks {
+            if let StreamChunk::ToolCallDelta(delta) = chunk {
+                let expected = if delta.index == 0 { "call_a" } else { "call_b" };
+                assert_eq!(
+                    delta.id.as_str(),
+                    expected,
+                    "every delta carries its call's id"
+                );
+            }
+        }
+        assert_eq!(
+            assembled.blocks(),
+            vec![
+                call("call_a", "read", r#"{"path":"a.txt"}"#),
+                call("call_b", "list", r#"{"dir":"/"}"#),
+            ]
+        );
+        assert_eq!(assembled.finish(), FinishReason::ToolCalls);
+        // The usage came after the finish chunk on the wire, and still precedes the finish.
+        assert_eq!(
+            &chunks[chunks.len() - 2..],
+            &[
+                StreamChunk::Usage(Box::new(Usage {
+                    input_tokens: 40,
+                    output_tokens: 20,
+                    cache_read_tokens: Some(32)
+                })),
+                StreamChunk::Finish {
+                    reason: FinishReason::ToolCalls
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn text_then_a_tool_call_are_two_blocks_in_order() {
+        let wire = r#"data: {"choices":[{"index":0,"delta":{"content":"Let me look."}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"read","arguments":"{}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"content":" Done."},"finish_reason":"tool_calls"}]}
+
+data: [DONE]
+
+"#;
+        let (_, assembled) = assemble(wire);
+        assert_eq!(
+            assembled.blocks(),
+            vec![
+                ContentBlock::text("Let me look."),
+                call("call_1", "read", "{}"),
+                ContentBlock::text(" Done."),
+            ]
+        );
+    }
+
+    #[test]
+    fn usage_in_a_trailing_chunk_without_choices_or_with_null_choices() {
+        for trailing in [
+            r#"{"id":"c","choices":null,"usage":{"prompt_tokens":5,"completion_tokens":2}}"#,
+            r#"{"id":"c","usage":{"prompt_tokens":5,"completion_tokens":2,"prompt_cache_hit_tokens":3}}"#,
+        ] {
+            let wire = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"ok\"}},\"finish_reason\":\"stop\"}}]}}\n\ndata: {trailing}\n\ndata: [DONE]\n\n"
+            );
+            let (chunks, assembled) = assemble(&wire);
+            check_promises(&chunks);
+            let usage = assembled.usage().expect("usage read");
+            assert_eq!((usage.input_tokens, usage.output_tokens), (5, 2));
+            let cached = trailing.contains("hit").then_some(3);
+            assert_eq!(usage.cache_read_tokens, cached);
+        }
+    }
+
+    #[test]
+    fn each_stop_reason_maps_to_its_finish() {
+        let cases: [(&str, FinishReason); 3] = [
+            ("stop", FinishReason::Stop),
+            ("tool_calls", FinishReason::ToolCalls),
+            ("length", FinishReason::MaxTokens),
+        ];
+        for (word, expected) in cases {
+            let wire = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"x\"}},\"finish_reason\":\"{word}\"}}]}}\n\ndata: [DONE]\n\n"
+            );
+            let (_, assembled) = assemble(&wire);
+            assert_eq!(assembled.finish(), expected, "finish_reason {word}");
+        }
+    }
+
+    #[test]
+    fn content_filter_and_unknown_reasons_are_error_finishes() {
+        for (word, code) in [
+            ("content_filter", "FINISH_CONTENT_FILTER"),
+            (
+                "insufficient_system_resource",
+                "FINISH_INSUFFICIENT_SYSTEM_RESOURCE",
+            ),
+            ("odd reason!", "FINISH_ODD_REASON_"),
+        ] {
+            let wire = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"par\"}},\"finish_reason\":\"{word}\"}}]}}\n\ndata: [DONE]\n\n"
+            );
+            let (chunks, assembled) = assemble(&wire);
+            check_promises(&chunks);
+            match assembled.finish() {
+                FinishReason::Error(failure) => {
+                    assert_eq!(failure.code, code);
+                    assert!(failure.message.contains(word), "{}", failure.message);
+                }
+                other => panic!("{word}: expected an error finish, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_length_stop_drops_the_partial_tool_call_and_keeps_the_text() {
+        let wire = r#"data: {"choices":[{"index":0,"delta":{"content":"Reading"}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_x","type":"function","function":{"name":"read","arguments":"{\"pa"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}
+
+data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":16}}
+
+data: [DONE]
+
+"#;
+        let (chunks, assembled) = assemble(wire);
+        check_promises(&chunks);
+        assert_eq!(assembled.finish(), FinishReason::MaxTokens);
+        assert_eq!(assembled.blocks(), vec![ContentBlock::text("Reading")]);
+        assert_eq!(assembled.usage().map(|u| u.output_tokens), Some(16));
+    }
+
+    #[test]
+    fn a_mid_stream_error_chunk_is_a_server_failure_by_its_wording() {
+        let cases = [
+            (
+                r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#,
+                SERVER,
+            ),
+            (
+                r#"{"id":"gen-1","object":"chat.completion.chunk","error":{"code":"rate_limit_exceeded","message":"Slow down"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}"#,
+                RATE_LIMIT,
+            ),
+            (
+                r#"{"error":{"object":"error","message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}}"#,
+                CONTEXT_WINDOW_EXCEEDED,
+            ),
+            (
+                r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#,
+                QUOTA,
+            ),
+            (r#"{"error":"overloaded"}"#, SERVER),
+        ];
+        for (chunk, code) in cases {
+            let wire = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"par\"}}}}]}}\n\ndata: {chunk}\n\n"
+            );
+            let (chunks, result) = read(&wire);
+            let error = result.expect_err("a failure");
+            assert_eq!(error.code, code, "{chunk}");
+            assert!(
+                error
+                    .message
+                    .starts_with("the chat endpoint failed mid-stream")
+            );
+            assert!(
+                !chunks
+                    .iter()
+                    .any(|c| matches!(c, StreamChunk::Finish { .. })),
+                "no finish before the failure"
+            );
+        }
+        let named =
+            failure_of("event: error\ndata: {\"message\":\"busy\",\"type\":\"overloaded\"}\n\n");
+        assert_eq!(named.code, SERVER);
+        assert!(named.message.ends_with("busy"), "{}", named.message);
+    }
+
+    #[test]
+    fn malformed_chunks_fail_as_bad_responses() {
+        for chunk in [
+            "{not json",
+            "[1,2]",
+            r#"{"choices":{"index":0}}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":5}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":"zero"}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":"many"}}"#,
+            r#"{"choices":[{"index":0,"finish_reason":7}]}"#,
+        ] {
+            let error = failure_of(&format!("data: {chunk}\n\ndata: [DONE]\n\n"));
+            assert_eq!(error.code, BAD_RESPONSE, "{chunk}");
+        }
+        let error =
+            failure_of("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n");
+        assert_eq!(error.code, BAD_RESPONSE, "no finish_reason before [DONE]");
+        assert!(error.message.contains("finish_reason"), "{}", error.message);
+    }
+
+    #[test]
+    fn a_stream_closed_before_done_fails_even_after_its_finish_reason() {
+        let cut = TEXT.trim_end().trim_end_matches("data: [DONE]");
+        let (chunks, result) = read(cut);
+        assert_eq!(
+            result.map_err(|e| e.code.to_string()),
+            Err(STREAM_CLOSED.to_owned())
+        );
+        assert!(
+            !chunks
+                .iter()
+                .any(|c| matches!(c, StreamChunk::Finish { .. }))
+        );
+    }
+
+    #[test]
+    fn a_normal_stop_with_no_content_is_an_empty_response() {
+        let wire = r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}
+
+data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}
+
+data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":0}}
+
+data: [DONE]
+
+"#;
+        let (chunks, result) = read(wire);
+        assert_eq!(
+            result.map_err(|e| e.code.to_string()),
+            Err(EMPTY_RESPONSE.to_owned())
+        );
+        assert_eq!(chunks.len(), 1, "only the usage: {chunks:?}");
+        assert!(matches!(chunks[0], StreamChunk::Usage(_)));
+    }
+
+    #[test]
+    fn keep_alives_named_events_other_choices_and_everything_after_done_are_ignored() {
+        let wire = ": keep-alive\n\nevent: ping\ndata: {}\n\ndata: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"other\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"mine\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"late\"}}]}\n\n";
+        let (_, assembled) = assemble(wire);
+        assert_eq!(assembled.blocks(), vec![ContentBlock::text("mine")]);
+    }
+
+    fn request(messages: Vec<Message>, tools: Vec<ToolSchema>) -> ModelRequest {
+        ModelRequest {
+            session: SessionId::new(),
+            turn: 1,
+            step: 1,
+            endpoint: "local".into(),
+            model: "deepseek-chat".into(),
+            max_tokens: Some(1024),
+            system: "You are terse.".into(),
+            tools,
+            messages,
+            cancel: Cancellation::new(),
+        }
+    }
+
+    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+        Message {
+            id: MessageId::new(),
+            role,
+            content,
+            source: MessageSource::User,
+        }
+    }
+
+    fn result(id: &str, text: &str, is_error: bool) -> Message {
+        message(
+            Role::User,
+            vec![ContentBlock::ToolResult {
+                tool_call_id: CallId::new(id),
+                content: vec![ContentBlock::text(text)],
+                is_error,
+            }],
+        )
+    }
+
+    #[test]
+    fn a_tool_loop_history_with_reasoning_and_images_is_written_in_order() {
+        let image = |attachment: &str| ContentBlock::Image {
+            media_type: "image/png".into(),
+            attachment: attachment.into(),
+        };
+        let history = vec![
+            message(
+                Role::User,
+                vec![
+                    ContentBlock::text("What is in these?"),
+                    image("https://example.com/a.png"),
+                    image("data:image/png;base64,iVBORw0KGgo="),
+                    image("att-17"),
+                ],
+            ),
+            message(
+                Role::Assistant,
+                vec![
+                    reasoning("Two files to read."),
+                    ContentBlock::text("Reading both."),
+                    call("call_a", "read", r#"{"path":"a"}"#),
+                    call("call_b", "read", ""),
+                ],
+            ),
+            result("call_a", "alpha", false),
+            result("call_b", "no such file", true),
+            message(Role::Assistant, vec![call("call_c", "list", "{}")]),
+            result("call_c", "a\nb", false),
+            message(Role::Assistant, vec![]),
+            message(Role::Assistant, vec![ContentBlock::text("Done.")]),
+            message(Role::User, vec![ContentBlock::text("Thanks")]),
+        ];
+        let tools = vec![ToolSchema {
+            name: "read".into(),
+            description: "Reads a file.".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        }];
+        assert_eq!(
+            body(&request(history, tools)),
+            json!({
+                "model": "deepseek-chat",
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "max_tokens": 1024,
+                "tools": [{
+                    "type": "function",
+                    "function": {
+                        "name": "read",
+                        "description": "Reads a file.",
+                        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+                    },
+                }],
+                "messages": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": [
+                        {"type": "text", "text": "What is in these?"},
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                        {"type": "text", "text": "[image image/png: att-17]"},
+                    ]},
+                    {"role": "assistant", "content": "Reading both.", "reasoning_content": "Two files to read.", "tool_calls": [
+                        {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"a\"}"}},
+                        {"id": "call_b", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_a", "content": "alpha"},
+                    {"role": "tool", "tool_call_id": "call_b", "content": "no such file"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_c", "type": "function", "function": {"name": "list", "arguments": "{}"}},
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_c", "content": "a\nb"},
+                    {"role": "assistant", "content": "Done."},
+                    {"role": "user", "content": "Thanks"},
+                ],
+            })
+        );
+    }
+
+    #[test]
+    fn no_tools_no_cap_and_no_system_send_none_of_their_fields() {
+        let mut req = request(
+            vec![message(Role::User, vec![ContentBlock::text("hi")])],
+            vec![],
+        );
+        req.max_tokens = None;
+        req.system = String::new();
+        assert_eq!(
+            body(&req),
+            json!({
+                "model": "deepseek-chat",
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hi"}],
+            })
+        );
+    }
+
+    #[test]
+    fn a_user_message_holding_text_and_a_result_keeps_their_order() {
+        let mixed = message(
+            Role::User,
+            vec![
+                ContentBlock::ToolResult {
+                    tool_call_id: CallId::new("call_1"),
+                    content: vec![ContentBlock::text("42")],
+                    is_error: false,
+                },
+                ContentBlock::text("And now?"),
+            ],
+        );
+        let written = body(&request(vec![mixed], vec![]));
+        assert_eq!(
+            written["messages"],
+            json!([
+                {"role": "system", "content": "You are terse."},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+                {"role": "user", "content": "And now?"},
+            ])
+        );
     }
 }

@@ -357,8 +357,15 @@ impl Translator {
             ),
             None => (None, ""),
         };
+        // The call an entry continues: the latest with its wire index, unless the entry names
+        // another id (some servers give every parallel call index 0, each with its own id: a new
+        // id is a new call); by id, or else the latest call, for a server that sends no index.
         let known = match (wire, id) {
-            (Some(wire), _) => self.calls.iter().position(|c| c.wire == Some(wire)),
+            (Some(wire), id) => self
+                .calls
+                .iter()
+                .rposition(|c| c.wire == Some(wire))
+                .filter(|at| id.is_none_or(|id| self.calls[*at].id.as_str() == id)),
             (None, Some(id)) => self.calls.iter().position(|c| c.id.as_str() == id),
             (None, None) => self.calls.len().checked_sub(1),
         };
@@ -855,6 +862,34 @@ data: [DONE]
                 StreamChunk::Finish {
                     reason: FinishReason::ToolCalls
                 }
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_sharing_an_index_or_sending_none_are_told_apart_by_their_ids() {
+        // Every call on index 0, each with its own id; then calls with no index at all.
+        let wire = r#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"read","arguments":"{\"path\":"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a\"}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","type":"function","function":{"name":"read","arguments":"{\"path\":\"b\"}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_3","type":"function","function":{"name":"list","arguments":"{"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"}"}}]},"finish_reason":"tool_calls"}]}
+
+data: [DONE]
+
+"#;
+        let (chunks, assembled) = assemble(wire);
+        check_promises(&chunks);
+        assert_eq!(
+            assembled.blocks(),
+            vec![
+                call("call_1", "read", r#"{"path":"a"}"#),
+                call("call_2", "read", r#"{"path":"b"}"#),
+                call("call_3", "list", "{}"),
             ]
         );
     }

@@ -27,6 +27,8 @@
 //! `[DONE]` marker (one sent anyway, as some compatible servers do, is ignored). An `error`
 //! event may interrupt the stream anywhere.
 
+use std::collections::{HashMap, HashSet};
+
 use lineage_agent::{ModelError, ModelRequest};
 use lineage_log::{
     BlockType, CallId, ContentBlock, FinishReason, Message, ModelFailure, Role, StreamChunk,
@@ -177,7 +179,7 @@ fn is_image_uri(attachment: &str) -> bool {
 }
 
 /// Which part of an output item a block holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Part {
     /// A message's content part, or a reasoning item's raw reasoning part (`content_index`).
     Content(u64),
@@ -187,19 +189,15 @@ enum Part {
     Call,
 }
 
-/// One block of the answer: an (item, part) pair and what has been read of it.
+/// One block of the answer, an (output index, part) pair of `by_part`: what has been read of it.
 #[derive(Debug)]
 struct Slot {
-    output_index: u64,
-    part: Part,
     /// The block index the chunks use: the slot's position, so indices are allocated in the
     /// order the parts were first seen.
     index: u32,
     kind: BlockType,
     /// A function call's `call_id` and `name` (from its item); `None` for other blocks.
     call: Option<(String, String)>,
-    /// A function call's item `id`, which its argument deltas may name it by.
-    item_id: Option<String>,
     /// What the deltas built.
     text: String,
     /// The whole text a part's `*.done` event gave, when one came.
@@ -227,11 +225,18 @@ enum Ending {
 #[derive(Debug, Default)]
 pub(crate) struct Translator {
     slots: Vec<Slot>,
+    /// Where each (output index, part) slot is in `slots`.
+    by_part: HashMap<(u64, Part), usize>,
+    /// The slots of each output index, in the order made.
+    by_item: HashMap<u64, Vec<usize>>,
     /// The output indices whose `response.output_item.done` was read.
-    done_items: Vec<u64>,
-    /// The item ids seen, with their output index: the terminal response lists items by
-    /// position only, and an id tells which of them the stream already gave.
-    item_ids: Vec<(String, u64)>,
+    done_items: HashSet<u64>,
+    /// The item ids seen, with their output index: argument deltas may name their call by id
+    /// alone, and the terminal response lists items by position, where an id tells which of
+    /// them the stream already gave.
+    item_ids: HashMap<String, u64>,
+    /// The output indices of `item_ids`.
+    item_positions: HashSet<u64>,
     /// The text of any refusal part; `Some` once one was seen.
     refusal: Option<String>,
     /// A text, reasoning or tool-call block with something in it went out.
@@ -428,11 +433,8 @@ impl Translator {
                 })
         };
         let call = (field("call_id")?.to_owned(), field("name")?.to_owned());
-        let item_id = item.get("id").and_then(Value::as_str).map(str::to_owned);
         let at = self.slot(output_index, Part::Call, BlockType::ToolCall, what)?;
-        let slot = &mut self.slots[at];
-        slot.call = Some(call);
-        slot.item_id = item_id;
+        self.slots[at].call = Some(call);
         self.tool_calls = true;
         Ok(at)
     }
@@ -445,9 +447,7 @@ impl Translator {
             .and_then(|i| self.find(i, Part::Call));
         by_index.or_else(|| {
             let id = data.get("item_id").and_then(Value::as_str)?;
-            self.slots
-                .iter()
-                .position(|s| s.part == Part::Call && s.item_id.as_deref() == Some(id))
+            self.find(*self.item_ids.get(id)?, Part::Call)
         })
     }
 
@@ -554,10 +554,9 @@ impl Translator {
         out: &mut Vec<StreamChunk>,
     ) -> Result<(), ModelError> {
         let what = "response.output_item.done";
-        if self.done_items.contains(&output_index) {
+        if !self.done_items.insert(output_index) {
             return Ok(());
         }
-        self.done_items.push(output_index);
         let parts = |key: &str| item.get(key).and_then(Value::as_array).map(Vec::as_slice);
         match item.get("type").and_then(Value::as_str) {
             Some("function_call") => {
@@ -596,10 +595,9 @@ impl Translator {
         }
         // Parts the item did not list (or that deltas opened under other indices) close with
         // what was read of them.
-        for at in 0..self.slots.len() {
-            if self.slots[at].output_index == output_index {
-                self.close(at, None, out);
-            }
+        let of_item = self.by_item.get(&output_index).cloned().unwrap_or_default();
+        for at in of_item {
+            self.close(at, None, out);
         }
         Ok(())
     }
@@ -725,8 +723,9 @@ impl Translator {
     }
 
     fn note_item(&mut self, id: &str, output_index: u64) {
-        if !self.item_ids.iter().any(|(seen, _)| seen == id) {
-            self.item_ids.push((id.to_owned(), output_index));
+        if !self.item_ids.contains_key(id) {
+            self.item_ids.insert(id.to_owned(), output_index);
+            self.item_positions.insert(output_index);
         }
     }
 
@@ -734,17 +733,16 @@ impl Translator {
     /// was streamed under; else its position, unless an item with another id was streamed
     /// there, when it gets an index of its own past any a server would send.
     fn output_index_of(&self, item: &Value, position: u64) -> u64 {
-        let id = item.get("id").and_then(Value::as_str);
-        if let Some((_, output_index)) = self
-            .item_ids
-            .iter()
-            .find(|(seen, _)| Some(seen.as_str()) == id)
-        {
+        let streamed = item
+            .get("id")
+            .and_then(Value::as_str)
+            .and_then(|id| self.item_ids.get(id));
+        if let Some(output_index) = streamed {
             return *output_index;
         }
         // (A position whose streamed item had no id is taken to be this item: in the format an
         // item's output index is its position in the output.)
-        if self.item_ids.iter().any(|(_, i)| *i == position) {
+        if self.item_positions.contains(&position) {
             u64::MAX - position
         } else {
             position
@@ -752,9 +750,7 @@ impl Translator {
     }
 
     fn find(&self, output_index: u64, part: Part) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.output_index == output_index && s.part == part)
+        self.by_part.get(&(output_index, part)).copied()
     }
 
     /// The slot of `part` of item `output_index`, made when first seen; `BAD_RESPONSE` when the
@@ -781,19 +777,19 @@ impl Translator {
         let index = u32::try_from(self.slots.len())
             .map_err(|_| bad_response(WIRE, "the answer has more blocks than can be indexed"))?;
         self.slots.push(Slot {
-            output_index,
-            part,
             index,
             kind,
             call: None,
-            item_id: None,
             text: String::new(),
             done_text: None,
             started: false,
             named: false,
             closed: false,
         });
-        Ok(self.slots.len() - 1)
+        let at = self.slots.len() - 1;
+        self.by_part.insert((output_index, part), at);
+        self.by_item.entry(output_index).or_default().push(at);
+        Ok(at)
     }
 
     /// Sends slot `at`'s `BlockStart`, once.

@@ -318,6 +318,9 @@ impl Translator {
             self.note_item(id, output_index);
         }
         let kind = match fields.get("type").and_then(Value::as_str) {
+            // An event named `error` is one whatever its data's `type` says: some servers put
+            // the error's own type there.
+            _ if event.event == "error" => "error",
             Some(kind) => kind,
             None if !event.event.is_empty() => event.event.as_str(),
             // Nothing names it: nothing can be made of it.
@@ -1480,6 +1483,10 @@ data: {"type":"response.incomplete","response":{"status":"incomplete","incomplet
                 INVALID_REQUEST,
             ),
             (r#"{"type":"error","message":"overloaded"}"#, SERVER),
+            (
+                r#"{"type":"rate_limit_error","message":"slow down"}"#,
+                RATE_LIMIT,
+            ),
         ];
         for (data, code) in cases {
             let wire = error_event(data);

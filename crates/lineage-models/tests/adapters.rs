@@ -302,5 +302,5 @@ macro_rules! adapter_tests {
 }
 
 adapter_tests!(chat, Wire::ChatCompletions);
-// adapter_tests!(responses, Wire::Responses);
+adapter_tests!(responses, Wire::Responses);
 // adapter_tests!(anthropic, Wire::AnthropicMessages);

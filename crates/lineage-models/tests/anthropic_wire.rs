@@ -9,9 +9,10 @@ use lineage_log::{
     BlockType, CallId, ContentBlock, FinishReason, StreamChunk, ToolCallDelta, Usage,
 };
 use lineage_models::{AnswerReader, Wire, failure};
-use lineage_testkit::loopback::Reply;
 use lineage_testkit::loopback::anthropic::{self, Script};
+use lineage_testkit::loopback::{LoopbackServer, Reply};
 use proptest::prelude::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reads `body` in the pieces that end at `cuts` (offsets in any order, any of them past the
 /// end), then ends the stream.
@@ -383,4 +384,69 @@ fn byte_by_byte_reads_the_same_as_whole() {
             outcome(read_in_pieces(&body, &[]))
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chunked_script_served_over_a_socket_reads_as_it_arrives() {
+    let script = Script::new()
+        .reasoning("Hmm.")
+        .text("Calling.")
+        .tool_call("toolu_1", "read", &[r#"{"path":"#, r#""a"}"#])
+        .usage(30, 9, Some(20))
+        .tool_stop();
+    let server = LoopbackServer::start([script.chunked(7, Duration::from_millis(5))])
+        .await
+        .expect("the server starts");
+    let mut stream = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("connects");
+    stream
+        .write_all(b"POST /v1/messages HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .expect("sends");
+    let mut reader = AnswerReader::new(Wire::AnthropicMessages);
+    let mut out = Vec::new();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        let n = stream.read(&mut buf).await.expect("reads");
+        if n == 0 {
+            break;
+        }
+        if head.ends_with(b"\r\n\r\n") {
+            reader.push(&buf[..n], &mut out).expect("a valid answer");
+        } else {
+            // Until the head has ended, bytes go to it; what follows it is the stream.
+            head.extend_from_slice(&buf[..n]);
+            if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                let rest = head.split_off(at + 4);
+                reader.push(&rest, &mut out).expect("a valid answer");
+            }
+        }
+        if reader.is_done() {
+            break;
+        }
+    }
+    assert!(reader.is_done(), "message_stop arrived");
+    reader.finish(&mut out).expect("ends");
+    assert_eq!(out, read(&script).expect("a valid answer"));
+    let assembler = assemble(&out);
+    assert_eq!(
+        assembler.blocks(),
+        vec![
+            ContentBlock::Reasoning {
+                text: "Hmm.".into()
+            },
+            ContentBlock::text("Calling."),
+            call("toolu_1", "read", r#"{"path":"a"}"#),
+        ]
+    );
+    assert_eq!(
+        assembler.usage(),
+        Some(Usage {
+            input_tokens: 30,
+            output_tokens: 9,
+            cache_read_tokens: Some(20)
+        })
+    );
 }

@@ -303,4 +303,4 @@ macro_rules! adapter_tests {
 
 adapter_tests!(chat, Wire::ChatCompletions);
 adapter_tests!(responses, Wire::Responses);
-// adapter_tests!(anthropic, Wire::AnthropicMessages);
+adapter_tests!(anthropic, Wire::AnthropicMessages);

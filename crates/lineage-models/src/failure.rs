@@ -223,7 +223,8 @@ fn names_context_overflow(words: &str) -> bool {
     .any(|w| words.contains(w))
 }
 
-fn bound(message: &str) -> String {
+/// At most [`MESSAGE_BOUND`] characters of a server's words, an ellipsis marking a cut.
+pub(crate) fn bound(message: &str) -> String {
     if message.chars().count() <= MESSAGE_BOUND {
         return message.to_owned();
     }

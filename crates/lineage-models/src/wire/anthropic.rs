@@ -53,7 +53,10 @@ use lineage_log::{
 };
 use serde_json::{Map, Value, json};
 
-use super::{Translate, Wire, bad_response, empty_response, json, result_text, stream_closed};
+use super::{
+    Translate, Wire, bad_response, empty_response, finish_code, json, result_text, shown_reason,
+    stream_closed,
+};
 use crate::failure::{self, INVALID_REQUEST, SERVER};
 use crate::sse::Event;
 
@@ -668,27 +671,11 @@ fn finish_reason(reason: &str) -> FinishReason {
         other => error(
             finish_code(other),
             format!(
-                "the {WIRE} endpoint stopped with stop reason {other:?}, which Lineage cannot act on"
+                "the {WIRE} endpoint stopped with stop reason {:?}, which Lineage cannot act on",
+                shown_reason(other)
             ),
         ),
     }
-}
-
-/// `FINISH_<REASON>`: the reason upper-cased, anything but ASCII letters and digits as `_`,
-/// bounded so a server cannot make the code long.
-fn finish_code(reason: &str) -> String {
-    let word: String = reason
-        .chars()
-        .take(48)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("FINISH_{word}")
 }
 
 /// The failure an `error` event reports. Its error type names the HTTP status the same failure
@@ -730,14 +717,12 @@ fn server_error(data: &Value) -> ModelError {
         .pointer("/error/message")
         .and_then(Value::as_str)
         .filter(|m| !m.trim().is_empty())
-        .map(|m| {
-            let bounded: String = m.chars().take(failure::MESSAGE_BOUND).collect();
-            bounded
-        });
+        .map(failure::bound);
+    // The type is the server's word too: an undocumented one is shown bounded.
     let kind = if error_type.is_empty() {
-        "an error"
+        "an error".to_owned()
     } else {
-        error_type
+        shown_reason(error_type)
     };
     let message = match message {
         Some(m) => format!("the {WIRE} stream reported {kind}: {m}"),

@@ -23,7 +23,10 @@ use lineage_log::{
 };
 use serde_json::{Map, Value, json};
 
-use super::{Translate, Wire, bad_response, empty_response, json, result_text, stream_closed};
+use super::{
+    Translate, Wire, bad_response, empty_response, finish_code, is_image_url, json, result_text,
+    shown_reason, stream_closed,
+};
 use crate::failure;
 use crate::sse::Event;
 
@@ -100,7 +103,7 @@ fn user_messages(blocks: &[ContentBlock], messages: &mut Vec<Value>) {
             ContentBlock::Text { text } | ContentBlock::Reasoning { text } => {
                 parts.push(json!({"type": "text", "text": text.as_str()}));
             }
-            ContentBlock::Image { attachment, .. } if is_url(attachment) => {
+            ContentBlock::Image { attachment, .. } if is_image_url(attachment) => {
                 parts.push(json!({"type": "image_url", "image_url": {"url": attachment.as_str()}}));
             }
             // An image the server cannot fetch (a host's attachment id), or a tool call in a
@@ -125,15 +128,6 @@ fn push_user(parts: &mut Vec<Value>, messages: &mut Vec<Value>) {
     };
     parts.clear();
     messages.push(json!({"role": "user", "content": content}));
-}
-
-/// An image the server can fetch or decode itself.
-fn is_url(attachment: &str) -> bool {
-    let lower = attachment
-        .get(..8)
-        .unwrap_or(attachment)
-        .to_ascii_lowercase();
-    lower.starts_with("https://") || lower.starts_with("http://") || lower.starts_with("data:")
 }
 
 /// An assistant message: its text blocks as `content`, its reasoning as `reasoning_content`
@@ -537,32 +531,20 @@ fn read_usage(usage: &Value) -> Result<Usage, ModelError> {
     })
 }
 
-/// The error finish of a `finish_reason` this reader does not take as a normal end: the code is
-/// `FINISH_` and the reason in upper case (`FINISH_CONTENT_FILTER`), bounded and reduced to
-/// letters, digits and underscores, so a server's word cannot make an unreadable code.
+/// The error finish of a `finish_reason` this reader does not take as a normal end (see
+/// [`finish_code`]).
 fn finish_failure(reason: &str) -> ModelFailure {
-    let word: String = reason
-        .chars()
-        .take(48)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let shown: String = reason.chars().take(48).collect();
     let message = if reason == "content_filter" {
         "the chat endpoint's content filter withheld the answer (finish_reason content_filter)"
             .to_owned()
     } else {
         format!(
-            "the chat endpoint stopped for a reason Lineage does not know (finish_reason {shown:?})"
+            "the chat endpoint stopped for a reason Lineage does not know (finish_reason {:?})",
+            shown_reason(reason)
         )
     };
     ModelFailure {
-        code: Text::from(format!("FINISH_{word}")),
+        code: Text::from(finish_code(reason)),
         message: message.into(),
     }
 }

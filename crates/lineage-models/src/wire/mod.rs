@@ -198,16 +198,64 @@ pub(crate) fn empty_response(wire: Wire) -> ModelError {
     )
 }
 
-/// An event's `data` as JSON, or `BAD_RESPONSE` naming the event.
+/// An event's name as errors tell it: its `event:` field, or `message` (the event-stream
+/// default) when it has none.
+pub(crate) fn event_name(event: &Event) -> &str {
+    if event.event.is_empty() {
+        "message"
+    } else {
+        &event.event
+    }
+}
+
+/// An event's `data` as JSON, or `BAD_RESPONSE` naming the event. (The parser's nesting limit
+/// turns data nested too deep into an error, so no reader recurses without bound.)
 pub(crate) fn json(wire: Wire, event: &Event) -> Result<serde_json::Value, ModelError> {
     serde_json::from_str(&event.data).map_err(|e| {
-        let name = if event.event.is_empty() {
-            "message"
-        } else {
-            &event.event
-        };
-        bad_response(wire, format_args!("a {name} event is not JSON ({e})"))
+        bad_response(
+            wire,
+            format_args!("a {} event is not JSON ({e})", event_name(event)),
+        )
     })
+}
+
+/// How many characters of a server's stop reason go into a finish code or its message.
+const REASON_BOUND: usize = 48;
+
+/// The error-finish code of a stop reason a format does not take as a normal end:
+/// `FINISH_<REASON>` (`FINISH_CONTENT_FILTER`), the reason upper-cased with anything but ASCII
+/// letters and digits as `_`, and at most [`REASON_BOUND`] characters of it, so that a server's
+/// word can make neither an unreadable code nor a long one.
+pub(crate) fn finish_code(reason: &str) -> String {
+    let word: String = reason
+        .chars()
+        .take(REASON_BOUND)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("FINISH_{word}")
+}
+
+/// A server's stop reason as an error finish's message shows it: at most [`REASON_BOUND`]
+/// characters.
+pub(crate) fn shown_reason(reason: &str) -> String {
+    reason.chars().take(REASON_BOUND).collect()
+}
+
+/// Whether an image attachment is one the endpoint can fetch or decode itself: an `http(s)` URL
+/// or a `data:` URI (scheme case ignored). Anything else is an id only the host can resolve.
+pub(crate) fn is_image_url(attachment: &str) -> bool {
+    let head: String = attachment
+        .chars()
+        .take(8)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    head.starts_with("https://") || head.starts_with("http://") || head.starts_with("data:")
 }
 
 /// The text of a tool result's content, for formats whose tool results are plain strings: text
@@ -228,4 +276,38 @@ pub(crate) fn result_text(content: &[ContentBlock]) -> String {
         }
     }
     parts.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finish_code_is_the_reason_upper_cased_reduced_and_bounded() {
+        assert_eq!(finish_code("content_filter"), "FINISH_CONTENT_FILTER");
+        assert_eq!(finish_code("odd reason!"), "FINISH_ODD_REASON_");
+        assert_eq!(finish_code("pause_turn"), "FINISH_PAUSE_TURN");
+        assert_eq!(finish_code("é"), "FINISH__");
+        let long = finish_code(&"a".repeat(1000));
+        assert_eq!(long, format!("FINISH_{}", "A".repeat(REASON_BOUND)));
+        assert_eq!(
+            shown_reason(&"é".repeat(1000)).chars().count(),
+            REASON_BOUND
+        );
+    }
+
+    #[test]
+    fn an_image_url_is_http_https_or_data_in_any_case() {
+        for url in [
+            "https://x/a.png",
+            "HTTP://x",
+            "data:image/png;base64,AA",
+            "Data:x",
+        ] {
+            assert!(is_image_url(url), "{url}");
+        }
+        for not in ["att-17", "", "ftp://x", "ééééé://", "https:/x"] {
+            assert!(!is_image_url(not), "{not}");
+        }
+    }
 }

@@ -36,9 +36,12 @@ use lineage_log::{
 };
 use serde_json::{Map, Value, json};
 
-use super::{Translate, Wire, bad_response, empty_response, result_text, stream_closed};
+use super::{
+    Translate, Wire, bad_response, empty_response, event_name, finish_code, is_image_url,
+    result_text, shown_reason, stream_closed,
+};
 use crate::failure::{
-    AUTH, CONTEXT_WINDOW_EXCEEDED, INVALID_REQUEST, MESSAGE_BOUND, QUOTA, RATE_LIMIT, SERVER,
+    AUTH, CONTEXT_WINDOW_EXCEEDED, INVALID_REQUEST, QUOTA, RATE_LIMIT, SERVER, bound,
 };
 use crate::sse::Event;
 
@@ -113,7 +116,7 @@ fn input(messages: &[Message]) -> Vec<Value> {
                 } => {
                     // Only the user side takes images; an attachment id the endpoint cannot
                     // fetch is told as a note rather than sent as a URL that would fail.
-                    if message.role == Role::User && is_image_uri(attachment) {
+                    if message.role == Role::User && is_image_url(attachment) {
                         parts.push(json!({
                             "type": "input_image",
                             "image_url": attachment.as_str(),
@@ -166,16 +169,6 @@ fn flush(items: &mut Vec<Value>, role: &str, parts: &mut Vec<Value>) {
             "content": Value::Array(std::mem::take(parts)),
         }));
     }
-}
-
-/// Whether the endpoint can take `attachment` as an image URL: `http(s)` or a `data:` URI.
-fn is_image_uri(attachment: &str) -> bool {
-    let head: String = attachment
-        .chars()
-        .take(8)
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    head.starts_with("http://") || head.starts_with("https://") || head.starts_with("data:")
 }
 
 /// Which part of an output item a block holds.
@@ -302,7 +295,7 @@ impl Translator {
         let Some(fields) = data.as_object() else {
             return Err(bad_response(
                 WIRE,
-                format_args!("a {} event is not a JSON object", name_of(event)),
+                format_args!("a {} event is not a JSON object", event_name(event)),
             ));
         };
         if let (Some(id), Some(output_index)) = (
@@ -698,8 +691,11 @@ impl Translator {
             match reason {
                 Some("max_output_tokens") => FinishReason::MaxTokens,
                 Some(reason) => finish_error(
-                    format!("FINISH_{}", code_word(reason)),
-                    format!("the responses endpoint stopped the answer early ({reason})"),
+                    finish_code(reason),
+                    format!(
+                        "the responses endpoint stopped the answer early ({})",
+                        shown_reason(reason)
+                    ),
                 ),
                 None => finish_error(
                     "FINISH_INCOMPLETE".to_owned(),
@@ -808,14 +804,6 @@ impl Translator {
     }
 }
 
-fn name_of(event: &Event) -> &str {
-    if event.event.is_empty() {
-        "message"
-    } else {
-        &event.event
-    }
-}
-
 /// A non-negative integer field, or `BAD_RESPONSE` naming the event.
 fn index(data: &Value, key: &str, what: &str) -> Result<u64, ModelError> {
     data.get(key).and_then(Value::as_u64).ok_or_else(|| {
@@ -879,29 +867,6 @@ fn finish_error(code: String, message: String) -> FinishReason {
         message: message.into(),
         code: code.into(),
     }))
-}
-
-/// A server's word as part of a code: upper case, anything but letters and digits as `_`.
-fn code_word(word: &str) -> String {
-    word.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// At most [`MESSAGE_BOUND`] characters of a server's words.
-fn bound(message: &str) -> String {
-    if message.chars().count() <= MESSAGE_BOUND {
-        return message.to_owned();
-    }
-    let mut cut: String = message.chars().take(MESSAGE_BOUND - 1).collect();
-    cut.push('…');
-    cut
 }
 
 /// The failure a mid-stream `error` event or a failed response reports. The code is decided
@@ -1397,6 +1362,21 @@ event: {name}\ndata: {{\"type\":\"{name}\",\"response\":{response}}}\n\n"
         };
         assert_eq!(failure.code.as_str(), "FINISH_BUDGET_EXHAUSTED");
         assert!(failure.message.contains("budget.exhausted"));
+    }
+
+    #[test]
+    fn a_long_incomplete_reason_makes_a_bounded_code_and_message() {
+        let reason = "x".repeat(10_000);
+        let wire = ending_with(
+            "response.incomplete",
+            &format!(r#"{{"status":"incomplete","incomplete_details":{{"reason":"{reason}"}}}}"#),
+        );
+        let (_, assembler) = assemble(&wire);
+        let FinishReason::Error(failure) = assembler.finish() else {
+            panic!("an error finish");
+        };
+        assert_eq!(failure.code.as_str(), format!("FINISH_{}", "X".repeat(48)));
+        assert!(failure.message.len() < 200, "{}", failure.message);
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct AnswerReader {
     wire: Wire,
     sse: crate::sse::Decoder,
     translator: Box<dyn Translate>,
+    /// The failure that ended the answer: every later call gives it again and reads nothing,
+    /// so the promise holds whichever translator failed and however the caller goes on.
+    failed: Option<ModelError>,
 }
 
 impl AnswerReader {
@@ -114,15 +117,27 @@ impl AnswerReader {
             wire,
             sse: crate::sse::Decoder::new(),
             translator: wire.translator(),
+            failed: None,
         }
     }
 
     /// Takes in the next bytes of the stream, appending their chunks to `out`. Bytes after the
     /// format's end are ignored.
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+        if let Some(failure) = &self.failed {
+            return Err(failure.clone());
+        }
         if self.translator.is_done() {
             return Ok(());
         }
+        let read = self.read(bytes, out);
+        if let Err(failure) = &read {
+            self.failed = Some(failure.clone());
+        }
+        read
+    }
+
+    fn read(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         let frames = self
             .sse
             .push(bytes)
@@ -145,7 +160,10 @@ impl AnswerReader {
 
     /// The stream is over: appends the closing chunks, or fails as [`Translate::end`] says.
     pub fn finish(mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        self.translator.end(out)
+        match self.failed {
+            Some(failure) => Err(failure),
+            None => self.translator.end(out),
+        }
     }
 }
 
@@ -154,6 +172,7 @@ impl fmt::Debug for AnswerReader {
         f.debug_struct("AnswerReader")
             .field("wire", &self.wire)
             .field("done", &self.is_done())
+            .field("failed", &self.failed.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -281,6 +300,48 @@ pub(crate) fn result_text(content: &[ContentBlock]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_failure_every_format_reads_nothing_more_and_fails_the_same_way() {
+        // A well-formed piece of each format, then an event that is not JSON.
+        let openings = [
+            (
+                Wire::ChatCompletions,
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+            ),
+            (
+                Wire::Responses,
+                "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"a\"}\n\n",
+            ),
+            (
+                Wire::AnthropicMessages,
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"a\"}}\n\n",
+            ),
+        ];
+        for (wire, opening) in openings {
+            let mut reader = AnswerReader::new(wire);
+            let mut out = Vec::new();
+            reader
+                .push(opening.as_bytes(), &mut out)
+                .expect("the opening reads");
+            let read = out.len();
+            let failure = reader
+                .push(b"data: {not json\n\n", &mut out)
+                .expect_err("not JSON");
+            assert_eq!(failure.code, BAD_RESPONSE, "{wire}");
+            // The same opening again would add chunks, were anything still read.
+            assert_eq!(
+                reader.push(opening.as_bytes(), &mut out),
+                Err(failure.clone())
+            );
+            assert_eq!(reader.finish(&mut out), Err(failure), "{wire}");
+            assert_eq!(
+                out.len(),
+                read,
+                "{wire}: nothing after the failure: {out:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_finish_code_is_the_reason_upper_cased_reduced_and_bounded() {

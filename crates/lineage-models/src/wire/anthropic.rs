@@ -741,69 +741,17 @@ mod tests {
         AUTH, BAD_RESPONSE, CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE, QUOTA, RATE_LIMIT,
         STREAM_CLOSED,
     };
-    use lineage_agent::{Assembler, Cancellation, ToolSchema};
-    use lineage_log::{MessageId, MessageSource, SessionId};
+    use crate::wire::testing::{self, assemble, call, check_promises, message, result};
+    use lineage_agent::ToolSchema;
 
     /// Reads `wire` (event-stream text) whole, then ends the stream.
     fn read(wire: &str) -> Result<Vec<StreamChunk>, ModelError> {
-        let mut reader = AnswerReader::new(Wire::AnthropicMessages);
-        let mut out = Vec::new();
-        reader.push(wire.as_bytes(), &mut out)?;
-        reader.finish(&mut out)?;
-        Ok(out)
-    }
-
-    fn assemble(chunks: &[StreamChunk]) -> Assembler {
-        let mut assembler = Assembler::new();
-        for chunk in chunks {
-            assembler.push(chunk);
-        }
-        assembler
+        let (chunks, result) = testing::read(WIRE, wire);
+        result.map(|()| chunks)
     }
 
     fn code(wire: &str) -> String {
-        match read(wire) {
-            Ok(chunks) => panic!("expected a failure, read {chunks:?}"),
-            Err(e) => e.code.to_string(),
-        }
-    }
-
-    fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-        ContentBlock::ToolCall {
-            id: CallId::new(id),
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
-
-    /// Every chunk's invariants: usage right before the one finish, which is last; each block's
-    /// start before its deltas; every tool-call delta with its block's id.
-    fn check_promises(chunks: &[StreamChunk]) {
-        let finishes = chunks
-            .iter()
-            .filter(|c| matches!(c, StreamChunk::Finish { .. }))
-            .count();
-        assert_eq!(finishes, 1, "{chunks:?}");
-        assert!(matches!(chunks.last(), Some(StreamChunk::Finish { .. })));
-        let usages: Vec<usize> = (0..chunks.len())
-            .filter(|&i| matches!(chunks[i], StreamChunk::Usage(_)))
-            .collect();
-        assert!(
-            usages.is_empty() || usages == [chunks.len() - 2],
-            "usage is the chunk before the finish: {chunks:?}"
-        );
-        let mut started = std::collections::HashSet::new();
-        for chunk in chunks {
-            match chunk {
-                StreamChunk::BlockStart { index, .. } => assert!(started.insert(*index)),
-                StreamChunk::TextDelta { index, .. }
-                | StreamChunk::ReasoningDelta { index, .. } => {
-                    assert!(started.contains(index), "a delta before its start")
-                }
-                StreamChunk::ToolCallDelta(d) => assert!(started.contains(&d.index)),
-                _ => {}
-            }
-        }
+        testing::failure_of(WIRE, wire).code.to_string()
     }
 
     const TEXT: &str = r#"event: message_start
@@ -1321,38 +1269,10 @@ data: {"type":"message_stop"}
     }
 
     fn request(messages: Vec<Message>, tools: Vec<ToolSchema>, system: &str) -> ModelRequest {
-        ModelRequest {
-            session: SessionId::new(),
-            turn: 1,
-            step: 1,
-            endpoint: "anthropic".into(),
-            model: "claude-sonnet-4-5".into(),
-            max_tokens: None,
-            system: system.into(),
-            tools,
-            messages,
-            cancel: Cancellation::new(),
-        }
-    }
-
-    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
-        Message {
-            id: MessageId::new(),
-            role,
-            content,
-            source: MessageSource::User,
-        }
-    }
-
-    fn result(id: &str, text: &str, is_error: bool) -> Message {
-        message(
-            Role::User,
-            vec![ContentBlock::ToolResult {
-                tool_call_id: CallId::new(id),
-                content: vec![ContentBlock::text(text)],
-                is_error,
-            }],
-        )
+        let mut request = testing::request("claude-sonnet-4-5", messages);
+        request.system = system.into();
+        request.tools = tools;
+        request
     }
 
     #[test]

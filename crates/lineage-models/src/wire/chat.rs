@@ -635,77 +635,24 @@ fn error_class(error: &Value) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::AnswerReader;
     use crate::failure::{
         BAD_RESPONSE, CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE, QUOTA, RATE_LIMIT, SERVER,
         STREAM_CLOSED,
     };
-    use lineage_agent::{Assembler, Cancellation, ToolSchema};
-    use lineage_log::{Message, MessageId, MessageSource, SessionId};
+    use crate::wire::testing::{self, call, check_promises, message, reasoning, result};
+    use lineage_agent::{Assembler, ToolSchema};
+    use lineage_log::Message;
 
-    /// What a literal answer reads to: its chunks, and how it ended.
-    fn read(wire_text: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
-        let mut reader = AnswerReader::new(WIRE);
-        let mut out = Vec::new();
-        let mut result = reader.push(wire_text.as_bytes(), &mut out);
-        if result.is_ok() {
-            result = reader.finish(&mut out);
-        }
-        (out, result)
+    fn read(text: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
+        testing::read(WIRE, text)
     }
 
-    /// A literal answer that reads without failure, assembled.
-    fn assemble(wire_text: &str) -> (Vec<StreamChunk>, Assembler) {
-        let (chunks, result) = read(wire_text);
-        assert_eq!(result, Ok(()), "the answer reads: {chunks:?}");
-        let mut assembler = Assembler::new();
-        for chunk in &chunks {
-            assembler.push(chunk);
-        }
-        (chunks, assembler)
+    fn assemble(text: &str) -> (Vec<StreamChunk>, Assembler) {
+        testing::read_whole(WIRE, text)
     }
 
-    fn failure_of(wire_text: &str) -> ModelError {
-        match read(wire_text) {
-            (_, Err(error)) => error,
-            (chunks, Ok(())) => panic!("expected a failure, read {chunks:?}"),
-        }
-    }
-
-    fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-        ContentBlock::ToolCall {
-            id: CallId::new(id),
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
-
-    fn reasoning(text: &str) -> ContentBlock {
-        ContentBlock::Reasoning { text: text.into() }
-    }
-
-    /// The chunks' shape, with promises checked: no delta before its block's start, usage
-    /// right before the finish, the finish last.
-    fn check_promises(chunks: &[StreamChunk]) {
-        let mut started = Vec::new();
-        for (at, chunk) in chunks.iter().enumerate() {
-            match chunk {
-                StreamChunk::BlockStart { index, .. } => started.push(*index),
-                StreamChunk::TextDelta { index, .. }
-                | StreamChunk::ReasoningDelta { index, .. } => {
-                    assert!(started.contains(index), "delta before its start at {at}")
-                }
-                StreamChunk::ToolCallDelta(d) => {
-                    assert!(started.contains(&d.index), "delta before its start at {at}")
-                }
-                StreamChunk::Usage(_) => assert!(
-                    matches!(chunks.get(at + 1), Some(StreamChunk::Finish { .. }) | None),
-                    "usage right before the finish"
-                ),
-                StreamChunk::Finish { .. } => assert_eq!(at, chunks.len() - 1, "finish is last"),
-                StreamChunk::BlockEnd { .. } => {}
-            }
-        }
+    fn failure_of(text: &str) -> ModelError {
+        testing::failure_of(WIRE, text)
     }
 
     const TEXT: &str = r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
@@ -1087,38 +1034,11 @@ data: [DONE]
     }
 
     fn request(messages: Vec<Message>, tools: Vec<ToolSchema>) -> ModelRequest {
-        ModelRequest {
-            session: SessionId::new(),
-            turn: 1,
-            step: 1,
-            endpoint: "local".into(),
-            model: "deepseek-chat".into(),
-            max_tokens: Some(1024),
-            system: "You are terse.".into(),
-            tools,
-            messages,
-            cancel: Cancellation::new(),
-        }
-    }
-
-    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
-        Message {
-            id: MessageId::new(),
-            role,
-            content,
-            source: MessageSource::User,
-        }
-    }
-
-    fn result(id: &str, text: &str, is_error: bool) -> Message {
-        message(
-            Role::User,
-            vec![ContentBlock::ToolResult {
-                tool_call_id: CallId::new(id),
-                content: vec![ContentBlock::text(text)],
-                is_error,
-            }],
-        )
+        let mut request = testing::request("deepseek-chat", messages);
+        request.max_tokens = Some(1024);
+        request.system = "You are terse.".into();
+        request.tools = tools;
+        request
     }
 
     #[test]

@@ -372,3 +372,137 @@ mod tests {
         }
     }
 }
+
+/// What the formats' unit tests share: reading a literal answer through [`AnswerReader`], the
+/// chunk invariants of this module's front comment, and the history a request is built from.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::collections::HashSet;
+
+    use lineage_agent::{Assembler, Cancellation, ModelError, ModelRequest};
+    use lineage_log::StreamChunk;
+    use lineage_log::{CallId, ContentBlock, Message, MessageId, MessageSource, Role, SessionId};
+
+    use super::{AnswerReader, Wire};
+
+    /// What a literal `wire` answer reads to, pushed whole and then finished: its chunks, and
+    /// how it ended.
+    pub(crate) fn read(wire: Wire, text: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
+        let mut reader = AnswerReader::new(wire);
+        let mut out = Vec::new();
+        if let Err(failure) = reader.push(text.as_bytes(), &mut out) {
+            return (out, Err(failure));
+        }
+        let result = reader.finish(&mut out);
+        (out, result)
+    }
+
+    /// A literal answer that must read without failure: its chunks, and the message they make.
+    pub(crate) fn read_whole(wire: Wire, text: &str) -> (Vec<StreamChunk>, Assembler) {
+        let (chunks, result) = read(wire, text);
+        assert_eq!(result, Ok(()), "the answer reads: {chunks:?}");
+        let assembled = assemble(&chunks);
+        (chunks, assembled)
+    }
+
+    /// The failure a literal answer must end with.
+    pub(crate) fn failure_of(wire: Wire, text: &str) -> ModelError {
+        match read(wire, text) {
+            (_, Err(failure)) => failure,
+            (chunks, Ok(())) => panic!("expected a failure, read {chunks:?}"),
+        }
+    }
+
+    /// The message `chunks` make.
+    pub(crate) fn assemble(chunks: &[StreamChunk]) -> Assembler {
+        let mut assembler = Assembler::new();
+        for chunk in chunks {
+            assembler.push(chunk);
+        }
+        assembler
+    }
+
+    /// The promises an answer that read to its end keeps: one finish, last; usage, if any,
+    /// right before it; each block started once, before any of its deltas.
+    pub(crate) fn check_promises(chunks: &[StreamChunk]) {
+        let finishes = chunks
+            .iter()
+            .filter(|c| matches!(c, StreamChunk::Finish { .. }))
+            .count();
+        assert_eq!(finishes, 1, "one finish: {chunks:?}");
+        assert!(
+            matches!(chunks.last(), Some(StreamChunk::Finish { .. })),
+            "the finish is last: {chunks:?}"
+        );
+        let usages: Vec<usize> = (0..chunks.len())
+            .filter(|&at| matches!(chunks[at], StreamChunk::Usage(_)))
+            .collect();
+        assert!(
+            usages.is_empty() || usages == [chunks.len() - 2],
+            "usage is the chunk right before the finish: {chunks:?}"
+        );
+        let mut started = HashSet::new();
+        for (at, chunk) in chunks.iter().enumerate() {
+            let index = match chunk {
+                StreamChunk::BlockStart { index, .. } => {
+                    assert!(started.insert(*index), "block {index} started twice");
+                    continue;
+                }
+                StreamChunk::TextDelta { index, .. }
+                | StreamChunk::ReasoningDelta { index, .. } => index,
+                StreamChunk::ToolCallDelta(delta) => &delta.index,
+                _ => continue,
+            };
+            assert!(started.contains(index), "a delta before its start at {at}");
+        }
+    }
+
+    pub(crate) fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
+        ContentBlock::ToolCall {
+            id: CallId::new(id),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    pub(crate) fn reasoning(text: &str) -> ContentBlock {
+        ContentBlock::Reasoning { text: text.into() }
+    }
+
+    /// A request for `model` with `messages` only: no system prompt, tools or cap.
+    pub(crate) fn request(model: &str, messages: Vec<Message>) -> ModelRequest {
+        ModelRequest {
+            session: SessionId::new(),
+            turn: 1,
+            step: 1,
+            endpoint: "test".into(),
+            model: model.into(),
+            max_tokens: None,
+            system: String::new(),
+            tools: Vec::new(),
+            messages,
+            cancel: Cancellation::new(),
+        }
+    }
+
+    pub(crate) fn message(role: Role, content: Vec<ContentBlock>) -> Message {
+        Message {
+            id: MessageId::new(),
+            role,
+            content,
+            source: MessageSource::User,
+        }
+    }
+
+    /// A user message holding one tool result of `text`.
+    pub(crate) fn result(id: &str, text: &str, is_error: bool) -> Message {
+        message(
+            Role::User,
+            vec![ContentBlock::ToolResult {
+                tool_call_id: CallId::new(id),
+                content: vec![ContentBlock::text(text)],
+                is_error,
+            }],
+        )
+    }
+}

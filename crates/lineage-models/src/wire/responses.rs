@@ -930,41 +930,23 @@ fn mid_stream_failure(error: Option<&Value>, what: &str) -> ModelError {
 mod tests {
     //! Every stream here is written by hand from the format's documented events.
 
-    use lineage_agent::{Assembler, Cancellation, ToolSchema};
-    use lineage_log::{MessageId, MessageSource, SessionId, Text};
+    use lineage_agent::{Assembler, ToolSchema};
+    use lineage_log::Text;
 
     use super::*;
-    use crate::AnswerReader;
     use crate::failure::{BAD_RESPONSE, EMPTY_RESPONSE, STREAM_CLOSED};
+    use crate::wire::testing::{self, call, message};
 
-    /// Reads `wire` whole, then ends it: the chunks, and how it ended.
     fn read(wire: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
-        let mut reader = AnswerReader::new(Wire::Responses);
-        let mut out = Vec::new();
-        if let Err(e) = reader.push(wire.as_bytes(), &mut out) {
-            return (out, Err(e));
-        }
-        let result = reader.finish(&mut out);
-        (out, result)
+        testing::read(WIRE, wire)
     }
 
-    /// Reads `wire`, which must end well, and assembles it.
     fn assemble(wire: &str) -> (Vec<StreamChunk>, Assembler) {
-        let (chunks, result) = read(wire);
-        assert_eq!(result, Ok(()), "the stream reads to its end");
-        let mut assembler = Assembler::new();
-        for chunk in &chunks {
-            assembler.push(chunk);
-        }
-        (chunks, assembler)
+        testing::read_whole(WIRE, wire)
     }
 
-    /// The failure `wire` ends with.
     fn failure(wire: &str) -> ModelError {
-        match read(wire).1 {
-            Err(e) => e,
-            Ok(()) => panic!("the stream was expected to fail"),
-        }
+        testing::failure_of(WIRE, wire)
     }
 
     fn start(index: u32, block_type: BlockType) -> StreamChunk {
@@ -992,14 +974,6 @@ mod tests {
             name: name.map(Text::from),
             arguments_delta: arguments.into(),
         }))
-    }
-
-    fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-        ContentBlock::ToolCall {
-            id: CallId::new(id),
-            name: name.into(),
-            arguments: arguments.into(),
-        }
     }
 
     fn usage(input: u64, output: u64, cached: Option<u64>) -> StreamChunk {
@@ -1657,27 +1631,7 @@ data: {"type":"response.completed","response":{"status":"completed"}}
     }
 
     fn request(messages: Vec<Message>) -> ModelRequest {
-        ModelRequest {
-            session: SessionId::new(),
-            turn: 1,
-            step: 1,
-            endpoint: "openai".into(),
-            model: "gpt-4.1".into(),
-            max_tokens: None,
-            system: String::new(),
-            tools: Vec::new(),
-            messages,
-            cancel: Cancellation::new(),
-        }
-    }
-
-    fn message(role: Role, content: Vec<ContentBlock>) -> Message {
-        Message {
-            id: MessageId::new(),
-            role,
-            content,
-            source: MessageSource::User,
-        }
+        testing::request("gpt-4.1", messages)
     }
 
     #[test]

@@ -2,66 +2,33 @@
 //! `AnswerReader` to the chunks and the assembled message it stands for, and the same answers
 //! read in arbitrary pieces.
 
+mod common;
+
+use common::{assemble, call, sse_body};
+
 use std::time::{Duration, UNIX_EPOCH};
 
-use lineage_agent::{Assembler, ModelError};
-use lineage_log::{
-    BlockType, CallId, ContentBlock, FinishReason, StreamChunk, ToolCallDelta, Usage,
-};
+use lineage_agent::ModelError;
+use lineage_log::{BlockType, ContentBlock, FinishReason, StreamChunk, ToolCallDelta, Usage};
 use lineage_models::{AnswerReader, Wire, failure};
 use lineage_testkit::loopback::anthropic::{self, Script};
 use lineage_testkit::loopback::{LoopbackServer, Reply};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Reads `body` in the pieces that end at `cuts` (offsets in any order, any of them past the
-/// end), then ends the stream.
 fn read_in_pieces(body: &[u8], cuts: &[usize]) -> Result<Vec<StreamChunk>, ModelError> {
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| (*c).min(body.len())).collect();
-    cuts.push(body.len());
-    cuts.sort_unstable();
-    let mut reader = AnswerReader::new(Wire::AnthropicMessages);
-    let mut out = Vec::new();
-    let mut from = 0;
-    for cut in cuts {
-        reader.push(&body[from..cut], &mut out)?;
-        from = cut;
-    }
-    reader.finish(&mut out)?;
-    Ok(out)
+    let (chunks, result) = common::read_in_pieces(Wire::AnthropicMessages, body, cuts);
+    result.map(|()| chunks)
 }
 
 fn read(script: &Script) -> Result<Vec<StreamChunk>, ModelError> {
     read_in_pieces(&script.body(), &[])
 }
 
-fn assemble(chunks: &[StreamChunk]) -> Assembler {
-    let mut assembler = Assembler::new();
-    for chunk in chunks {
-        assembler.push(chunk);
-    }
-    assembler
-}
-
 fn failure_code(script: &Script) -> String {
     match read(script) {
         Ok(chunks) => panic!("expected a failure, read {chunks:?}"),
         Err(e) => e.code.to_string(),
-    }
-}
-
-fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-    ContentBlock::ToolCall {
-        id: CallId::new(id),
-        name: name.into(),
-        arguments: arguments.into(),
-    }
-}
-
-fn sse_body(reply: Reply) -> Vec<u8> {
-    match reply {
-        Reply::Sse { body, .. } => body,
-        other => panic!("not an event stream: {other:?}"),
     }
 }
 
@@ -284,12 +251,12 @@ fn an_unfinished_script_is_a_closed_stream_and_an_empty_stop_an_empty_response()
 
 #[test]
 fn the_whole_answers_read_as_they_say() {
-    let text = read_in_pieces(&sse_body(anthropic::text("Hi there")), &[]).expect("valid");
+    let text = read_in_pieces(sse_body(&anthropic::text("Hi there")), &[]).expect("valid");
     let text = assemble(&text);
     assert_eq!(text.blocks(), vec![ContentBlock::text("Hi there")]);
     assert_eq!(text.finish(), FinishReason::Stop);
     let asked = read_in_pieces(
-        &sse_body(anthropic::tool_call("toolu_7", "read", r#"{"path":"x"}"#)),
+        sse_body(&anthropic::tool_call("toolu_7", "read", r#"{"path":"x"}"#)),
         &[],
     )
     .expect("valid");

@@ -2,56 +2,26 @@
 //! shape a script writes becomes the chunks and the message it means, and any chunking of the
 //! bytes reads the same.
 
+mod common;
+
+use common::{call, sse_body};
+
 use lineage_agent::{Assembler, ModelError};
-use lineage_log::{BlockType, CallId, ContentBlock, FinishReason, StreamChunk, Usage};
+use lineage_log::{BlockType, ContentBlock, FinishReason, StreamChunk, Usage};
+use lineage_models::Wire;
 use lineage_models::failure::{EMPTY_RESPONSE, SERVER, STREAM_CLOSED};
-use lineage_models::{AnswerReader, Wire};
-use lineage_testkit::loopback::Reply;
 use lineage_testkit::loopback::chat::{self, Script};
 use proptest::prelude::*;
 
-/// Reads `pieces` of an answer in order, then its end.
-fn read_pieces<'a>(
-    pieces: impl IntoIterator<Item = &'a [u8]>,
-) -> (Vec<StreamChunk>, Result<(), ModelError>) {
-    let mut reader = AnswerReader::new(Wire::ChatCompletions);
-    let mut out = Vec::new();
-    for piece in pieces {
-        if let Err(error) = reader.push(piece, &mut out) {
-            return (out, Err(error));
-        }
-    }
-    let result = reader.finish(&mut out);
-    (out, result)
-}
-
 fn read(body: &[u8]) -> (Vec<StreamChunk>, Result<(), ModelError>) {
-    read_pieces([body])
+    common::read(Wire::ChatCompletions, body)
 }
 
 fn assemble(script: &Script) -> (Vec<StreamChunk>, Assembler) {
     let (chunks, result) = read(&script.body());
     assert_eq!(result, Ok(()), "the script reads: {chunks:?}");
-    let mut assembler = Assembler::new();
-    for chunk in &chunks {
-        assembler.push(chunk);
-    }
-    (chunks, assembler)
-}
-
-fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-    ContentBlock::ToolCall {
-        id: CallId::new(id),
-        name: name.into(),
-        arguments: arguments.into(),
-    }
-}
-
-fn body_of(reply: Reply) -> Vec<u8> {
-    match reply {
-        Reply::Sse { body, .. } => body,
-        other => panic!("expected an event stream, got {other:?}"),
-    }
+    let assembled = common::assemble(&chunks);
+    (chunks, assembled)
 }
 
 #[test]
@@ -80,7 +50,7 @@ fn a_text_script_reads_to_one_text_block_and_a_stop() {
     );
     assert_eq!(assembled.blocks(), vec![ContentBlock::text("Hello")]);
     assert_eq!(
-        body_of(chat::text("Hello")),
+        sse_body(&chat::text("Hello")),
         Script::new().text("Hello").stop().body()
     );
 }
@@ -130,7 +100,7 @@ fn a_tool_call_script_reads_to_the_call_with_its_id_on_every_delta() {
     assert_eq!(assembled.finish(), FinishReason::ToolCalls);
     let (_, whole) = assemble(&Script::new().tool_call("c", "list", &["{}"]).tool_stop());
     assert_eq!(
-        body_of(chat::tool_call("c", "list", "{}")),
+        sse_body(&chat::tool_call("c", "list", "{}")),
         Script::new()
             .tool_call("c", "list", &["{}"])
             .tool_stop()
@@ -276,16 +246,8 @@ proptest! {
         let body = rich_script().body();
         let (whole, result) = read(&body);
         prop_assert_eq!(&result, &Ok(()));
-        let mut offsets: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
-        offsets.sort_unstable();
-        offsets.dedup();
-        let mut pieces = Vec::new();
-        let mut from = 0;
-        for to in offsets.into_iter().chain([body.len()]) {
-            pieces.push(&body[from..to]);
-            from = to;
-        }
-        let (cut, cut_result) = read_pieces(pieces);
+        let offsets: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
+        let (cut, cut_result) = common::read_in_pieces(Wire::ChatCompletions, &body, &offsets);
         prop_assert_eq!(cut_result, result);
         prop_assert_eq!(cut, whole);
     }

@@ -1,33 +1,26 @@
 //! The Responses wire format end to end in memory: every shape the loopback script builder
 //! writes reads through `AnswerReader` to the chunks and message it means, in any chunking.
 
+mod common;
+
+use common::{assemble, call, sse_body};
+
 use std::time::{Duration, UNIX_EPOCH};
 
-use lineage_agent::{Assembler, ModelError};
+use lineage_agent::ModelError;
 use lineage_log::{
     BlockType, CallId, ContentBlock, FinishReason, StreamChunk, Text, ToolCallDelta, Usage,
 };
+use lineage_models::Wire;
 use lineage_models::failure::{
     self, BAD_RESPONSE, EMPTY_RESPONSE, QUOTA, RATE_LIMIT, SERVER, STREAM_CLOSED,
 };
-use lineage_models::{AnswerReader, Wire};
 use lineage_testkit::loopback::Reply;
 use lineage_testkit::loopback::responses::{self, Script};
 use proptest::prelude::*;
 
-/// Reads `body` cut before each offset in `cuts` (sorted, within the body), then ends it.
 fn read_cut(body: &[u8], cuts: &[usize]) -> (Vec<StreamChunk>, Result<(), ModelError>) {
-    let mut reader = AnswerReader::new(Wire::Responses);
-    let mut out = Vec::new();
-    let mut from = 0;
-    for &cut in cuts.iter().chain([body.len()].iter()) {
-        if let Err(e) = reader.push(&body[from..cut], &mut out) {
-            return (out, Err(e));
-        }
-        from = cut;
-    }
-    let result = reader.finish(&mut out);
-    (out, result)
+    common::read_in_pieces(Wire::Responses, body, cuts)
 }
 
 fn read(script: &Script) -> (Vec<StreamChunk>, Result<(), ModelError>) {
@@ -41,31 +34,8 @@ fn chunks(script: &Script) -> Vec<StreamChunk> {
     chunks
 }
 
-fn assemble(chunks: &[StreamChunk]) -> Assembler {
-    let mut assembler = Assembler::new();
-    for chunk in chunks {
-        assembler.push(chunk);
-    }
-    assembler
-}
-
 fn failure_of(script: &Script) -> ModelError {
     read(script).1.expect_err("the script was expected to fail")
-}
-
-fn sse_body(reply: &Reply) -> &[u8] {
-    match reply {
-        Reply::Sse { body, .. } => body,
-        other => panic!("an event-stream reply, not {other:?}"),
-    }
-}
-
-fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
-    ContentBlock::ToolCall {
-        id: CallId::new(id),
-        name: name.into(),
-        arguments: arguments.into(),
-    }
 }
 
 fn call_delta(index: u32, id: &str, name: Option<&str>, arguments: &str) -> StreamChunk {
@@ -371,8 +341,7 @@ proptest! {
             _ => Script::new().text("no end"),
         };
         let body = script.body();
-        let mut offsets: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
-        offsets.sort_unstable();
+        let offsets: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
         let whole = read_cut(&body, &[]);
         let cut = read_cut(&body, &offsets);
         prop_assert_eq!(whole, cut);

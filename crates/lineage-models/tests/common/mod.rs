@@ -1,0 +1,64 @@
+//! What the wire-format integration tests share: reading a body through `AnswerReader` in any
+//! cutting, assembling the chunks, and taking a loopback reply's event stream.
+//!
+//! Each test file compiles this module on its own and uses only part of it.
+#![allow(dead_code)]
+
+use lineage_agent::{Assembler, ModelError};
+use lineage_log::{CallId, ContentBlock, StreamChunk};
+use lineage_models::{AnswerReader, Wire};
+use lineage_testkit::loopback::Reply;
+
+/// Reads a `wire` body pushed in the pieces that end at `cuts` (offsets in any order, any past
+/// the end taken as the end), then ends the stream: the chunks, and how it ended. The first
+/// failure ends the read.
+pub fn read_in_pieces(
+    wire: Wire,
+    body: &[u8],
+    cuts: &[usize],
+) -> (Vec<StreamChunk>, Result<(), ModelError>) {
+    let mut cuts: Vec<usize> = cuts.iter().map(|&cut| cut.min(body.len())).collect();
+    cuts.push(body.len());
+    cuts.sort_unstable();
+    let mut reader = AnswerReader::new(wire);
+    let mut out = Vec::new();
+    let mut from = 0;
+    for cut in cuts {
+        if let Err(failure) = reader.push(&body[from..cut], &mut out) {
+            return (out, Err(failure));
+        }
+        from = cut;
+    }
+    let result = reader.finish(&mut out);
+    (out, result)
+}
+
+/// Reads a `wire` body pushed whole.
+pub fn read(wire: Wire, body: &[u8]) -> (Vec<StreamChunk>, Result<(), ModelError>) {
+    read_in_pieces(wire, body, &[])
+}
+
+/// The message `chunks` make.
+pub fn assemble(chunks: &[StreamChunk]) -> Assembler {
+    let mut assembler = Assembler::new();
+    for chunk in chunks {
+        assembler.push(chunk);
+    }
+    assembler
+}
+
+pub fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {
+    ContentBlock::ToolCall {
+        id: CallId::new(id),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
+/// The body of an event-stream reply.
+pub fn sse_body(reply: &Reply) -> &[u8] {
+    match reply {
+        Reply::Sse { body, .. } => body,
+        other => panic!("expected an event-stream reply, got {other:?}"),
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Reply, sse_body, sse_named_body};
+use super::{Reply, chunked_reply, sse_body, sse_named_body, whole_reply};
 
 /// The signature a scripted thinking block closes with.
 pub const SIGNATURE: &str = "c2NyaXB0ZWQtc2lnbmF0dXJl";
@@ -190,20 +190,12 @@ impl Script {
 
     /// [`Script::body`] sent all at once.
     pub fn reply(&self) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: None,
-            delay: Duration::ZERO,
-        }
+        whole_reply(self.body())
     }
 
     /// [`Script::body`] sent `bytes` at a time, `delay` before each write.
     pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: Some(bytes),
-            delay,
-        }
+        chunked_reply(self.body(), bytes, delay)
     }
 
     /// The `message_start` data, with the usage known now (none before [`Script::usage`]).

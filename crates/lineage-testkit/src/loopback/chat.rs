@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Reply, sse_body, sse_named_body};
+use super::{Reply, chunked_reply, script_body, whole_reply};
 
 /// The end of the format's stream.
 const DONE: &str = "[DONE]";
@@ -168,32 +168,21 @@ impl Script {
 
     /// The events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (name, data) in &self.events {
-            match name {
-                Some(name) => body.extend(sse_named_body([(name, data)])),
-                None => body.extend(sse_body([data])),
-            }
-        }
-        body
+        script_body(
+            self.events
+                .iter()
+                .map(|(name, data)| (name.as_deref(), data.as_str())),
+        )
     }
 
     /// The whole body as one reply, sent at once.
     pub fn reply(&self) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: None,
-            delay: Duration::ZERO,
-        }
+        whole_reply(self.body())
     }
 
     /// The whole body in writes of `bytes` bytes, `delay` before each.
     pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: Some(bytes),
-            delay,
-        }
+        chunked_reply(self.body(), bytes, delay)
     }
 }
 

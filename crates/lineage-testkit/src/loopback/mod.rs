@@ -121,6 +121,40 @@ where
     body
 }
 
+/// The event-stream bytes of a script's `events`, in order: each named one (`Some` name) with
+/// its `event:` line, each unnamed one as `data:` alone.
+pub(crate) fn script_body<'a>(
+    events: impl IntoIterator<Item = (Option<&'a str>, &'a str)>,
+) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (name, data) in events {
+        match name {
+            Some(name) => body.extend(sse_named_body([(name, data)])),
+            None => body.extend(sse_body([data])),
+        }
+    }
+    body
+}
+
+/// A script's `body` as one reply, sent at once.
+pub(crate) fn whole_reply(body: Vec<u8>) -> Reply {
+    Reply::Sse {
+        body,
+        chunk: None,
+        delay: Duration::ZERO,
+    }
+}
+
+/// A script's `body` as one reply sent `bytes` at a time (at least one: the server sends a
+/// byte per write for 0), `delay` before each write.
+pub(crate) fn chunked_reply(body: Vec<u8>, bytes: usize, delay: Duration) -> Reply {
+    Reply::Sse {
+        body,
+        chunk: Some(bytes.max(1)),
+        delay,
+    }
+}
+
 /// A request as the server received it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Reply, sse_body, sse_named_body};
+use super::{Reply, chunked_reply, script_body, whole_reply};
 
 /// The model name the scripted responses report.
 const MODEL: &str = "loopback-model";
@@ -294,32 +294,21 @@ impl Script {
 
     /// Exactly the events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (name, data) in &self.events {
-            match name {
-                Some(name) => body.extend(sse_named_body([(name, data)])),
-                None => body.extend(sse_body([data])),
-            }
-        }
-        body
+        script_body(
+            self.events
+                .iter()
+                .map(|(name, data)| (name.as_deref(), data.as_str())),
+        )
     }
 
     /// The events so far as one reply, sent at once.
     pub fn reply(&self) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: None,
-            delay: Duration::ZERO,
-        }
+        whole_reply(self.body())
     }
 
     /// The events so far as one reply, sent `bytes` at a time with `delay` before each write.
     pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        Reply::Sse {
-            body: self.body(),
-            chunk: Some(bytes.max(1)),
-            delay,
-        }
+        chunked_reply(self.body(), bytes, delay)
     }
 
     /// Writes event `name` with `fields`, adding its `type` and `sequence_number`.

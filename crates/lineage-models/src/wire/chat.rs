@@ -14,6 +14,7 @@
 //! reasoning) deltas share a block, a switch to another kind opens a new one, and every tool
 //! call has its own block, found again by its wire `index` however the calls interleave.
 
+use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
 use lineage_agent::{ModelError, ModelRequest};
@@ -194,6 +195,11 @@ pub(crate) struct Translator {
     current: Option<Current>,
     /// The tool calls seen so far, in order of first appearance.
     calls: Vec<Call>,
+    /// Where in `calls` the latest call of each wire `index` is (a call sent without one is
+    /// found by its id, or is the latest call), and the first call of each id: an entry finds
+    /// its call in constant time however many calls the answer has.
+    latest_by_wire: HashMap<u64, usize>,
+    first_by_id: HashMap<String, usize>,
     /// The last usage seen (the finish chunk's, or a trailing chunk's).
     usage: Option<Usage>,
     /// The first `finish_reason` seen.
@@ -213,9 +219,6 @@ enum Current {
 
 #[derive(Debug)]
 struct Call {
-    /// The entry's `index` on the wire; `None` for a server that sent none (then the call is
-    /// found again by its id, or is the latest call).
-    wire: Option<u64>,
     /// The block index.
     index: u32,
     /// The id from the call's first entry, put on every delta.
@@ -356,11 +359,11 @@ impl Translator {
         // id is a new call); by id, or else the latest call, for a server that sends no index.
         let known = match (wire, id) {
             (Some(wire), id) => self
-                .calls
-                .iter()
-                .rposition(|c| c.wire == Some(wire))
-                .filter(|at| id.is_none_or(|id| self.calls[*at].id.as_str() == id)),
-            (None, Some(id)) => self.calls.iter().position(|c| c.id.as_str() == id),
+                .latest_by_wire
+                .get(&wire)
+                .copied()
+                .filter(|&at| id.is_none_or(|id| self.calls[at].id.as_str() == id)),
+            (None, Some(id)) => self.first_by_id.get(id).copied(),
             (None, None) => self.calls.len().checked_sub(1),
         };
         let delta = match known {
@@ -387,8 +390,12 @@ impl Translator {
                 };
                 let index = self.open(BlockType::ToolCall, out)?;
                 let id = CallId::new(id);
+                let at = self.calls.len();
+                if let Some(wire) = wire {
+                    self.latest_by_wire.insert(wire, at);
+                }
+                self.first_by_id.entry(id.as_str().to_owned()).or_insert(at);
                 self.calls.push(Call {
-                    wire,
                     index,
                     id: id.clone(),
                 });
@@ -821,6 +828,30 @@ data: [DONE]
                 call("call_3", "list", "{}"),
             ]
         );
+    }
+
+    #[test]
+    fn many_parallel_calls_each_find_their_own_call_again() {
+        // Every call opens, then every call gets its arguments, last opened first.
+        let calls = 2000;
+        let mut wire = String::new();
+        for n in 0..calls {
+            wire.push_str(&format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{{\"index\":{n},\"id\":\"call_{n}\",\"function\":{{\"name\":\"read\",\"arguments\":\"\"}}}}]}}}}]}}\n\n"
+            ));
+        }
+        for n in (0..calls).rev() {
+            wire.push_str(&format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{{\"index\":{n},\"function\":{{\"arguments\":\"{{}}\"}}}}]}}}}]}}\n\n"
+            ));
+        }
+        wire.push_str("data: {\"choices\":[{\"index\":0,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n");
+        let (chunks, assembled) = assemble(&wire);
+        check_promises(&chunks);
+        let expected: Vec<ContentBlock> = (0..calls)
+            .map(|n| call(&format!("call_{n}"), "read", "{}"))
+            .collect();
+        assert_eq!(assembled.blocks(), expected);
     }
 
     #[test]

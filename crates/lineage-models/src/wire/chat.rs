@@ -25,8 +25,8 @@ use lineage_log::{
 use serde_json::{Map, Value, json};
 
 use super::{
-    Translate, Wire, bad_response, empty_response, finish_code, is_image_url, json, result_text,
-    shown_reason, stream_closed,
+    Translate, Wire, Wording, bad_response, empty_response, finish_code, is_image_url, json,
+    result_text, shown_reason, stream_closed,
 };
 use crate::failure;
 use crate::sse::Event;
@@ -604,14 +604,8 @@ fn error_class(error: &Value) -> u16 {
         Some(500..=599) => return 500,
         _ => {}
     }
-    let words: String = ["type", "code", "message"]
-        .iter()
-        .filter_map(|field| error.get(*field).and_then(Value::as_str))
-        .chain(error.as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
-        .to_lowercase();
-    let names = |list: &[&str]| list.iter().any(|w| words.contains(w));
+    let wording = Wording::of(error, &["type", "code", "message"]);
+    let names = |list: &[&str]| wording.mentions(list);
     if names(&["auth", "api key", "api_key", "permission"]) {
         401
     } else if names(&[

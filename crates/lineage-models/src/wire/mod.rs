@@ -238,6 +238,30 @@ pub(crate) fn json(wire: Wire, event: &Event) -> Result<serde_json::Value, Model
     })
 }
 
+/// The wording of a mid-stream error, lower-cased, for telling its kind: the string values of
+/// its `fields` (and the error itself, when it is a bare string), joined by spaces. The code a
+/// format gives the failure is decided from these words, never taken from the server.
+#[derive(Default)]
+pub(crate) struct Wording(String);
+
+impl Wording {
+    pub(crate) fn of(error: &serde_json::Value, fields: &[&str]) -> Wording {
+        let words = fields
+            .iter()
+            .filter_map(|field| error.get(*field).and_then(serde_json::Value::as_str))
+            .chain(error.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase();
+        Wording(words)
+    }
+
+    /// Whether the wording holds any of `words`.
+    pub(crate) fn mentions(&self, words: &[&str]) -> bool {
+        words.iter().any(|word| self.0.contains(word))
+    }
+}
+
 /// How many characters of a server's stop reason go into a finish code or its message.
 const REASON_BOUND: usize = 48;
 

@@ -37,7 +37,7 @@ use lineage_log::{
 use serde_json::{Map, Value, json};
 
 use super::{
-    Translate, Wire, bad_response, empty_response, event_name, finish_code, is_image_url,
+    Translate, Wire, Wording, bad_response, empty_response, event_name, finish_code, is_image_url,
     result_text, shown_reason, stream_closed,
 };
 use crate::failure::{
@@ -878,13 +878,10 @@ fn mid_stream_failure(error: Option<&Value>, what: &str) -> ModelError {
             .and_then(Value::as_str)
             .filter(|s| !s.trim().is_empty())
     };
-    let words = [field("code"), field("type"), field("message")]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .to_lowercase();
-    let names = |list: &[&str]| list.iter().any(|w| words.contains(w));
+    let wording = error
+        .map(|error| Wording::of(error, &["code", "type", "message"]))
+        .unwrap_or_default();
+    let names = |list: &[&str]| wording.mentions(list);
     let code = if names(&["quota", "insufficient", "billing", "credit", "spend limit"]) {
         QUOTA
     } else if names(&["rate_limit", "rate limit", "too many requests"]) {

@@ -106,8 +106,9 @@ pub struct AnswerReader {
     sse: crate::sse::Decoder,
     translator: Box<dyn Translate>,
     /// The failure that ended the answer: every later call gives it again and reads nothing,
-    /// so the promise holds whichever translator failed and however the caller goes on.
-    failed: Option<ModelError>,
+    /// so the promise holds whichever translator failed and however the caller goes on. (Boxed:
+    /// the reader lives in the HTTP layer's stream state, which should stay small.)
+    failed: Option<Box<ModelError>>,
 }
 
 impl AnswerReader {
@@ -125,14 +126,14 @@ impl AnswerReader {
     /// format's end are ignored.
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         if let Some(failure) = &self.failed {
-            return Err(failure.clone());
+            return Err(ModelError::clone(failure));
         }
         if self.translator.is_done() {
             return Ok(());
         }
         let read = self.read(bytes, out);
         if let Err(failure) = &read {
-            self.failed = Some(failure.clone());
+            self.failed = Some(Box::new(failure.clone()));
         }
         read
     }
@@ -161,7 +162,7 @@ impl AnswerReader {
     /// The stream is over: appends the closing chunks, or fails as [`Translate::end`] says.
     pub fn finish(mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         match self.failed {
-            Some(failure) => Err(failure),
+            Some(failure) => Err(*failure),
             None => self.translator.end(out),
         }
     }

@@ -168,11 +168,7 @@ impl Script {
 
     /// The events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
-        script_body(
-            self.events
-                .iter()
-                .map(|(name, data)| (name.as_deref(), data.as_str())),
-        )
+        script_body(&self.events)
     }
 
     /// The whole body as one reply, sent at once.

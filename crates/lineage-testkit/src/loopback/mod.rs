@@ -123,9 +123,7 @@ where
 
 /// The event-stream bytes of a script's `events`, in order: each named one (`Some` name) with
 /// its `event:` line, each unnamed one as `data:` alone.
-pub(crate) fn script_body<'a>(
-    events: impl IntoIterator<Item = (Option<&'a str>, &'a str)>,
-) -> Vec<u8> {
+pub(crate) fn script_body(events: &[(Option<String>, String)]) -> Vec<u8> {
     let mut body = Vec::new();
     for (name, data) in events {
         match name {

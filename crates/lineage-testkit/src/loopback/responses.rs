@@ -294,11 +294,7 @@ impl Script {
 
     /// Exactly the events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
-        script_body(
-            self.events
-                .iter()
-                .map(|(name, data)| (name.as_deref(), data.as_str())),
-        )
+        script_body(&self.events)
     }
 
     /// The events so far as one reply, sent at once.

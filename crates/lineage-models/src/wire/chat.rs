@@ -210,10 +210,12 @@ pub(crate) struct Translator {
     ended: bool,
 }
 
+/// The block the last delta went to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Current {
-    Text(u32),
-    Reasoning(u32),
+    /// A text or reasoning block (never a tool call), by its index.
+    Prose(BlockType, u32),
+    /// A tool call's block: the next text or reasoning delta opens a new block.
     ToolCall,
 }
 
@@ -239,28 +241,23 @@ impl Translator {
         Ok(index)
     }
 
-    fn text(&mut self, text: &str, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
+    /// A text or reasoning delta (`block_type` says which): it continues the block the last
+    /// delta went to when that block is of its kind, and opens a new block otherwise.
+    fn prose(
+        &mut self,
+        block_type: BlockType,
+        text: &str,
+        out: &mut Vec<StreamChunk>,
+    ) -> Result<(), ModelError> {
         let index = match self.current {
-            Some(Current::Text(index)) => index,
-            _ => self.open(BlockType::Text, out)?,
+            Some(Current::Prose(kind, index)) if kind == block_type => index,
+            _ => self.open(block_type, out)?,
         };
-        self.current = Some(Current::Text(index));
-        out.push(StreamChunk::TextDelta {
-            index,
-            text: text.into(),
-        });
-        Ok(())
-    }
-
-    fn reasoning(&mut self, text: &str, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        let index = match self.current {
-            Some(Current::Reasoning(index)) => index,
-            _ => self.open(BlockType::Reasoning, out)?,
-        };
-        self.current = Some(Current::Reasoning(index));
-        out.push(StreamChunk::ReasoningDelta {
-            index,
-            text: text.into(),
+        self.current = Some(Current::Prose(block_type, index));
+        let text = text.into();
+        out.push(match block_type {
+            BlockType::Reasoning => StreamChunk::ReasoningDelta { index, text },
+            _ => StreamChunk::TextDelta { index, text },
         });
         Ok(())
     }
@@ -308,10 +305,10 @@ impl Translator {
             }
         }
         if let Some(text) = reasoning {
-            self.reasoning(text, out)?;
+            self.prose(BlockType::Reasoning, text, out)?;
         }
         if let Some(text) = string(delta, "content")?.filter(|t| !t.is_empty()) {
-            self.text(text, out)?;
+            self.prose(BlockType::Text, text, out)?;
         }
         match present(delta, "tool_calls") {
             None => {}

@@ -351,22 +351,16 @@ pub(crate) struct Translator {
     stop_reason: Option<String>,
     /// `message_stop` was read.
     done: bool,
-    /// An event failed: nothing more is read or emitted.
-    failed: bool,
     /// `end` has run: nothing more is emitted.
     ended: bool,
 }
 
 impl Translate for Translator {
     fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        if self.failed || self.done || self.ended {
+        if self.done || self.ended {
             return Ok(());
         }
-        let read = self.read(event, out);
-        if read.is_err() {
-            self.failed = true;
-        }
-        read
+        self.read(event, out)
     }
 
     fn is_done(&self) -> bool {
@@ -374,10 +368,9 @@ impl Translate for Translator {
     }
 
     fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        if self.failed || self.ended {
+        if std::mem::replace(&mut self.ended, true) {
             return Ok(());
         }
-        self.ended = true;
         if !self.done {
             return Err(stream_closed(WIRE));
         }

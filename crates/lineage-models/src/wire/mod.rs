@@ -179,6 +179,9 @@ impl fmt::Debug for AnswerReader {
 }
 
 /// Reads one answer's event stream, event by event.
+///
+/// [`AnswerReader`] is the only caller, and it stops at the first failure: after an `Err` from
+/// [`Translate::event`] nothing more is called, so a translator keeps no failure of its own.
 pub(crate) trait Translate: Send {
     /// Takes in one event and appends what it means to `out`. An `Err` ends the stream: the
     /// event is malformed (`BAD_RESPONSE`) or the server reported a failure mid-stream.

@@ -239,20 +239,14 @@ pub(crate) struct Translator {
     ending: Option<Ending>,
     /// The chunks of `ending` went out.
     ended: bool,
-    /// The failure that ended the stream.
-    failed: Option<ModelError>,
 }
 
 impl Translate for Translator {
     fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        if self.is_done() || self.failed.is_some() {
+        if self.is_done() {
             return Ok(());
         }
-        let result = self.read(event, out);
-        if let Err(e) = &result {
-            self.failed = Some(e.clone());
-        }
-        result
+        self.read(event, out)
     }
 
     fn is_done(&self) -> bool {
@@ -260,15 +254,8 @@ impl Translate for Translator {
     }
 
     fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        if let Some(failure) = &self.failed {
-            return Err(failure.clone());
-        }
         match &self.ending {
-            None => {
-                let failure = stream_closed(WIRE);
-                self.failed = Some(failure.clone());
-                Err(failure)
-            }
+            None => Err(stream_closed(WIRE)),
             Some(Ending::Empty) => Err(empty_response(WIRE)),
             Some(Ending::Finished { usage, reason }) => {
                 if !self.ended {

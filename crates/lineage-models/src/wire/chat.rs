@@ -602,10 +602,9 @@ fn error_class(error: &Value) -> u16 {
         _ => {}
     }
     let wording = Wording::of(error, &["type", "code", "message"]);
-    let names = |list: &[&str]| wording.mentions(list);
-    if names(&["auth", "api key", "api_key", "permission"]) {
+    if wording.mentions(&["auth", "api key", "api_key", "permission"]) {
         401
-    } else if names(&[
+    } else if wording.mentions(&[
         "rate_limit",
         "rate limit",
         "too many requests",
@@ -615,7 +614,7 @@ fn error_class(error: &Value) -> u16 {
         "spend",
     ]) {
         429
-    } else if names(&[
+    } else if wording.mentions(&[
         "invalid_request",
         "invalid request",
         "bad_request",

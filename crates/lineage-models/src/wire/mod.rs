@@ -2,7 +2,8 @@
 //! events of the answer's stream become [`StreamChunk`]s.
 //!
 //! Everything here is pure: no sockets, no clocks. The HTTP layer ([`crate::http`]) sends the
-//! body, feeds each server-sent event to the format's [`Translate`] and yields what it emits.
+//! body and pushes the answer's bytes into an [`AnswerReader`], which decodes the server-sent
+//! events, feeds each to the format's [`Translate`] and yields what it emits.
 //!
 //! Every translator keeps the same promises, whatever its server sends:
 //!
@@ -10,7 +11,8 @@
 //! - usage comes before the `finish` chunk, and nothing comes after it;
 //! - a stream that stops normally having produced no content block fails with
 //!   `EMPTY_RESPONSE`; one that closes before the format's end fails with `STREAM_CLOSED`;
-//! - an event that does not follow the format fails with `BAD_RESPONSE`, never a panic.
+//! - an event that does not follow the format fails with `BAD_RESPONSE`, never a panic;
+//! - the first failure ends the answer: nothing is read or emitted after it.
 
 pub(crate) mod anthropic;
 pub(crate) mod chat;
@@ -187,8 +189,8 @@ pub(crate) trait Translate: Send {
     /// event is malformed (`BAD_RESPONSE`) or the server reported a failure mid-stream.
     fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<(), ModelError>;
 
-    /// Whether the format's end has been read; the HTTP layer then stops reading and calls
-    /// [`Translate::end`].
+    /// Whether the format's end has been read; the reader then reads nothing more, and calls
+    /// [`Translate::end`] when the stream is finished.
     fn is_done(&self) -> bool;
 
     /// The stream is over (its end was read, or the connection closed): appends the closing

@@ -868,12 +868,11 @@ fn mid_stream_failure(error: Option<&Value>, what: &str) -> ModelError {
     let wording = error
         .map(|error| Wording::of(error, &["code", "type", "message"]))
         .unwrap_or_default();
-    let names = |list: &[&str]| wording.mentions(list);
-    let code = if names(&["quota", "insufficient", "billing", "credit", "spend limit"]) {
+    let code = if wording.mentions(&["quota", "insufficient", "billing", "credit", "spend limit"]) {
         QUOTA
-    } else if names(&["rate_limit", "rate limit", "too many requests"]) {
+    } else if wording.mentions(&["rate_limit", "rate limit", "too many requests"]) {
         RATE_LIMIT
-    } else if names(&[
+    } else if wording.mentions(&[
         "context_length",
         "context length",
         "context window",
@@ -881,9 +880,9 @@ fn mid_stream_failure(error: Option<&Value>, what: &str) -> ModelError {
         "too many tokens",
     ]) {
         CONTEXT_WINDOW_EXCEEDED
-    } else if names(&["authentication", "unauthorized", "api key", "permission"]) {
+    } else if wording.mentions(&["authentication", "unauthorized", "api key", "permission"]) {
         AUTH
-    } else if names(&[
+    } else if wording.mentions(&[
         "invalid",
         "unsupported",
         "too_large",

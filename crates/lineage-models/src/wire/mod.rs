@@ -104,6 +104,8 @@ impl fmt::Display for Wire {
 pub struct AnswerReader {
     wire: Wire,
     sse: crate::sse::Decoder,
+    /// Frames decoded but not yet translated; kept to reuse its allocation.
+    frames: Vec<crate::sse::Frame>,
     translator: Box<dyn Translate>,
 }
 
@@ -113,29 +115,34 @@ impl AnswerReader {
         AnswerReader {
             wire,
             sse: crate::sse::Decoder::new(),
+            frames: Vec::new(),
             translator: wire.translator(),
         }
     }
 
     /// Takes in the next bytes of the stream, appending their chunks to `out`. Bytes after the
-    /// format's end are ignored.
+    /// format's end are ignored. On a failure, the chunks of the events before it are appended
+    /// all the same: what an answer reads to does not depend on how its bytes were split.
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         if self.translator.is_done() {
             return Ok(());
         }
-        let frames = self
-            .sse
-            .push(bytes)
-            .map_err(|e| bad_response(self.wire, e))?;
-        for frame in frames {
+        let framed = self.sse.push_into(bytes, &mut self.frames);
+        let mut translated = Ok(());
+        for frame in self.frames.drain(..) {
             if let crate::sse::Frame::Event(event) = frame {
-                self.translator.event(&event, out)?;
-                if self.translator.is_done() {
+                translated = self.translator.event(&event, out);
+                if translated.is_err() || self.translator.is_done() {
                     break;
                 }
             }
         }
-        Ok(())
+        self.frames.clear();
+        translated?;
+        if self.translator.is_done() {
+            return Ok(());
+        }
+        framed.map_err(|e| bad_response(self.wire, e))
     }
 
     /// Whether the format's end has been read: nothing more needs to be.

@@ -27,6 +27,7 @@ mod cli;
 mod commands;
 mod demo;
 mod error;
+mod host;
 mod open;
 mod render;
 mod time;

@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod chat;
 mod cli;
 mod commands;
 mod demo;
@@ -38,7 +39,7 @@ use std::io::{BufWriter, Write};
 use clap::Parser;
 use clap::error::ErrorKind;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Command};
 use crate::error::{EXIT_OK, EXIT_USAGE};
 
 /// Runs the `lineage` command line `args` (`args[0]` is the program name), writing its output to
@@ -59,16 +60,34 @@ where
     };
     // Notes a run on this thread left unprinted (it panicked) are not this run's.
     drop(open::take_notes());
+    // The chat writes as the model streams (unbuffered) and needs `err` for its session id.
+    let command = match cli.command {
+        Command::Chat(args) => {
+            let result = chat::run(&args, out, err);
+            return finish(result, Ok(()), err);
+        }
+        command => command,
+    };
     let mut out = Noted {
         out: BufWriter::new(out),
         err,
         said: Vec::new(),
     };
-    let result = commands::run(cli.command, &mut out);
+    let result = commands::run(command, &mut out);
     // Whatever was printed before a failure (for example the rows of `ls` before a damaged
     // session) is still written out; a closed pipe is not worth a word.
     let flushed = out.flush();
     let Noted { err, .. } = out;
+    finish(result, flushed, err)
+}
+
+/// The exit code of a command that ended with `result` and whose output flushed with
+/// `flushed`, its failure said on `err`.
+fn finish(
+    result: Result<u8, error::CliError>,
+    flushed: std::io::Result<()>,
+    err: &mut dyn Write,
+) -> i32 {
     let failure = match result {
         Ok(code) => match flushed {
             Ok(()) => return i32::from(code),

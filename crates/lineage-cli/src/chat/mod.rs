@@ -9,9 +9,10 @@
 //! A prompt is one root turn; the command then waits until the root and every resident child
 //! are quiet. The runtime delivers each child's settlement notice to the root, which takes it
 //! as a further turn; at most [`MAX_ROOT_TURNS`] root turns run for one prompt, so a model that
-//! answers every notice by delegating again cannot loop forever. Past the bound (or on Ctrl-C),
-//! every further root turn is cancelled as it starts and the resident children are interrupted,
-//! so the work winds down to quiet.
+//! answers every notice by delegating again cannot loop forever. Past the bound (or on Ctrl-C)
+//! the [`brake`] refuses every further step of the root and of every continuable child before
+//! it asks the model, the running turn is cancelled and the resident children interrupted, so
+//! the work winds down to quiet.
 //!
 //! Output, as text: the root's streamed text as it arrives, each tool call and result, each
 //! child report and settlement notice on its own line, and a `turn ended:` line for a turn that
@@ -19,6 +20,7 @@
 //! the log's serde form (as `lineage export` writes them). The session id is printed first
 //! (on stderr with `--json`), for `--resume`.
 
+mod brake;
 mod files;
 
 use std::io::{IsTerminal, Read, Write};
@@ -38,6 +40,7 @@ use crate::error::{CliError, EXIT_OK};
 use crate::host::{Host, child_message_line, one_line, result_text};
 use crate::open::Opened;
 use crate::render::stop_detail;
+use brake::Brake;
 use files::{ListDirTool, ReadFileTool, Root};
 
 /// The most root turns one prompt may take: the prompt's own turn and the turns its children's
@@ -62,7 +65,10 @@ pub fn run(args: &ChatArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     runtime.block_on(async {
         let host = Host::open(&args.store, Arc::new(models), true)
             .map_err(|e| CliError::CannotOpen(format!("{}: {e}", args.store.display())))?;
-        let conversed = converse(&host, args, &choice, cwd, input, out, err).await;
+        let brake = Brake::new();
+        host.subagents
+            .register_continuable_setup(brake.child_setup());
+        let conversed = converse(&host, args, &choice, cwd, brake, input, out, err).await;
         // Shut down whatever happened: children drained, agents disposed, the store flushed.
         let closed = host.close().await.map_err(CliError::Chat);
         let code = conversed?;
@@ -103,16 +109,18 @@ impl Input {
 }
 
 /// The conversation, from the root's creation (or resume) to the last prompt's quiet.
+#[allow(clippy::too_many_arguments)]
 async fn converse(
     host: &Host,
     args: &ChatArgs,
     choice: &ModelChoice,
     cwd: Root,
+    brake: Arc<Brake>,
     input: Input,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let spec = root_spec(host, choice, cwd);
+    let spec = root_spec(host, choice, cwd, &brake);
     let root = match &args.resume {
         Some(session) => resume_root(host, &args.store, session, spec).await?,
         None => host
@@ -121,19 +129,24 @@ async fn converse(
             .await
             .map_err(|e| CliError::Chat(format!("creating the root agent: {e}")))?,
     };
-    let mut feed = Feed::start(host, &root);
+    let (interrupt, interrupts) = mpsc::unbounded_channel();
+    listen_for_ctrl_c(interrupt);
+    let feed = Feed::new(host, &root, interrupts);
     let shown: &mut dyn Write = if args.json { &mut *err } else { &mut *out };
     writeln!(shown, "session: {}", root.id())?;
     shown.flush()?;
-    let mut printer = Printer {
-        json: args.json,
-        mid_line: false,
+    let mut chat = Conversation {
+        host,
+        root,
+        feed,
+        brake,
+        printer: Printer {
+            json: args.json,
+            mid_line: false,
+        },
     };
     match input {
-        Input::Once(prompt) => {
-            let end = run_prompt(host, &root, &prompt, &mut feed, &mut printer, out).await?;
-            end.exit_code()
-        }
+        Input::Once(prompt) => chat.prompt(&prompt, out, err).await?.exit_code(),
         Input::Lines => {
             let mut lines = read_lines();
             loop {
@@ -142,7 +155,7 @@ async fn converse(
                 let line = tokio::select! {
                     line = lines.recv() => line,
                     // Ctrl-C at the prompt, with nothing running, ends the chat.
-                    Some(()) = feed.interrupts.recv() => None,
+                    Some(()) = chat.feed.interrupts.recv() => None,
                 };
                 let Some(line) = line else {
                     writeln!(err)?;
@@ -151,8 +164,7 @@ async fn converse(
                 if line.trim().is_empty() {
                     continue;
                 }
-                let end = run_prompt(host, &root, &line, &mut feed, &mut printer, out).await?;
-                if end.stopped == Some(Stop::Exit) {
+                if chat.prompt(&line, out, err).await?.stopped == Some(Stop::Exit) {
                     return Ok(EXIT_INTERRUPTED);
                 }
             }
@@ -161,8 +173,8 @@ async fn converse(
 }
 
 /// The root's spec: delegation (continuable `subagent` and `fork`, and the controls) and the
-/// file tools, on the chosen endpoint and model.
-fn root_spec(host: &Host, choice: &ModelChoice, cwd: Root) -> AgentSpec {
+/// file tools, on the chosen endpoint and model, its steps gated by the brake.
+fn root_spec(host: &Host, choice: &ModelChoice, cwd: Root, brake: &Arc<Brake>) -> AgentSpec {
     let spawn = SubagentToolConfig {
         background: BackgroundMode::Continuable,
         ..SubagentToolConfig::new(SpawnProvider::NAME)
@@ -183,6 +195,7 @@ fn root_spec(host: &Host, choice: &ModelChoice, cwd: Root) -> AgentSpec {
             subagent_depth: 0,
         },
         tools,
+        hooks: Some(brake.root_hooks()),
         ..AgentSpec::default()
     }
 }
@@ -221,14 +234,13 @@ struct Feed {
 }
 
 impl Feed {
-    fn start(host: &Host, root: &Arc<Agent>) -> Feed {
+    /// The feed of `root`, with Ctrl-C (or whatever sends to it) on `interrupts`.
+    fn new(host: &Host, root: &Arc<Agent>, interrupts: mpsc::UnboundedReceiver<()>) -> Feed {
         let (wake, wakes) = mpsc::unbounded_channel();
         host.subagents.on_lifecycle(move |_| {
             let _ = wake.send(());
             Ok(())
         });
-        let (interrupt, interrupts) = mpsc::unbounded_channel();
-        listen_for_ctrl_c(interrupt);
         Feed {
             events: root.subscribe(),
             wakes,
@@ -284,7 +296,7 @@ fn read_lines() -> mpsc::UnboundedReceiver<String> {
 /// Why a prompt's work was stopped before it went quiet by itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
-    /// The root took more than [`MAX_ROOT_TURNS`] turns.
+    /// The root's next turn would have been past [`MAX_ROOT_TURNS`].
     Bound,
     /// Ctrl-C: the running turn was cancelled and the children interrupted.
     Interrupted,
@@ -295,8 +307,6 @@ enum Stop {
 /// How one prompt's turns went.
 #[derive(Debug, Default)]
 struct PromptEnd {
-    /// Root turns started.
-    turns: u32,
     /// The last root turn that did not complete, and why.
     failure: Option<TurnEndReason>,
     /// Why the work was stopped, if it was.
@@ -309,8 +319,9 @@ impl PromptEnd {
         match (self.stopped, &self.failure) {
             (Some(Stop::Interrupted | Stop::Exit), _) => Ok(EXIT_INTERRUPTED),
             (Some(Stop::Bound), _) => Err(CliError::Chat(format!(
-                "stopped: the root took more than {MAX_ROOT_TURNS} turns for one prompt (each \
-                 child's notice starts one); its further turns and its children were cancelled"
+                "stopped: the root took its {MAX_ROOT_TURNS} turns for one prompt (each child's \
+                 notice starts one) and would have taken more; its further steps and its \
+                 children's were refused"
             ))),
             (None, Some(reason)) => Err(CliError::Chat(format!(
                 "the turn ended {}",
@@ -320,88 +331,100 @@ impl PromptEnd {
         }
     }
 
-    /// Takes note of one of the root's events; cancels a turn that starts once work is stopped.
-    fn observe(&mut self, host: &Host, root: &Arc<Agent>, event: &AgentEvent) {
-        let AgentEvent::Appended { event, .. } = event else {
-            return;
-        };
-        match &event.body {
-            EventBody::TurnStart(_) => {
-                self.turns += 1;
-                if self.turns > MAX_ROOT_TURNS && self.stopped.is_none() {
-                    self.stopped = Some(Stop::Bound);
-                }
-                if self.stopped.is_some() {
-                    stop(host, root);
-                }
-            }
-            EventBody::TurnEnd(end) if end.reason != TurnEndReason::Completed => {
-                self.failure = Some(end.reason.clone());
-            }
-            _ => {}
+    /// Takes note of one of the root's events.
+    fn observe(&mut self, event: &AgentEvent) {
+        if let AgentEvent::Appended { event, .. } = event
+            && let EventBody::TurnEnd(end) = &event.body
+            && end.reason != TurnEndReason::Completed
+        {
+            self.failure = Some(end.reason.clone());
         }
     }
 }
 
-/// Sends `prompt` to the root and prints what happens until the root and its children are
-/// quiet (or a second Ctrl-C).
-async fn run_prompt(
-    host: &Host,
-    root: &Arc<Agent>,
-    prompt: &str,
-    feed: &mut Feed,
-    printer: &mut Printer,
-    out: &mut dyn Write,
-) -> Result<PromptEnd, CliError> {
-    root.followup(Message::user_text(prompt, MessageSource::User))
-        .map_err(|e| CliError::Chat(format!("sending the prompt: {e}")))?;
-    let mut end = PromptEnd::default();
-    loop {
-        tokio::select! {
-            event = feed.events.recv() => {
-                // The root's feed closes only with the root itself.
-                let Some(event) = event else { break };
-                end.observe(host, root, &event);
-                printer.event(out, &event)?;
-            }
-            Some(()) = feed.wakes.recv() => {}
-            Some(()) = feed.interrupts.recv() => {
-                if end.stopped.is_some_and(|s| s != Stop::Bound) {
-                    end.stopped = Some(Stop::Exit);
-                    printer.note(out, "interrupted again: exiting")?;
-                    return Ok(end);
-                }
-                end.stopped = Some(Stop::Interrupted);
-                printer.note(out, "interrupted: cancelling the turn and the subagents (Ctrl-C again to exit)")?;
-                stop(host, root);
-            }
-        }
-        if host.is_quiet(root) {
-            // Everything the root published before it went quiet is already queued.
-            while let Ok(event) = feed.events.try_recv() {
-                end.observe(host, root, &event);
-                printer.event(out, &event)?;
-            }
-            break;
-        }
-    }
-    if end.stopped == Some(Stop::Bound) {
-        printer.note(
-            out,
-            &format!("stopped after {MAX_ROOT_TURNS} root turns for one prompt"),
-        )?;
-    }
-    printer.end_line(out)?;
-    Ok(end)
+/// A running chat: the host, its root, what it listens to, the brake and the printer.
+struct Conversation<'h> {
+    host: &'h Host,
+    root: Arc<Agent>,
+    feed: Feed,
+    brake: Arc<Brake>,
+    printer: Printer,
 }
 
-/// Cancels the root's running turn (dropping what it has queued) and interrupts every resident
-/// child. Each step is best effort: a child that settles meanwhile is simply gone.
-fn stop(host: &Host, root: &Arc<Agent>) {
-    let _ = root.cancel(AbortCause::User, Queued::Discard);
-    let authority = Authority::Ancestor(root.clone());
-    for child in host.subagents.resident() {
-        let _ = host.subagents.interrupt(child, &authority);
+impl Conversation<'_> {
+    /// Sends `prompt` to the root and prints what happens until the root and its children are
+    /// quiet (or a second Ctrl-C); the host's own notes go to `err` in JSON mode.
+    async fn prompt(
+        &mut self,
+        prompt: &str,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> Result<PromptEnd, CliError> {
+        self.brake.release();
+        self.root
+            .followup(Message::user_text(prompt, MessageSource::User))
+            .map_err(|e| CliError::Chat(format!("sending the prompt: {e}")))?;
+        let mut end = PromptEnd::default();
+        // Whether the running work was cancelled since the brake engaged.
+        let mut stopped_work = false;
+        loop {
+            tokio::select! {
+                event = self.feed.events.recv() => {
+                    // The root's feed closes only with the root itself.
+                    let Some(event) = event else { break };
+                    end.observe(&event);
+                    self.printer.event(out, &event)?;
+                }
+                Some(()) = self.feed.wakes.recv() => {}
+                Some(()) = self.feed.interrupts.recv() => {
+                    if end.stopped == Some(Stop::Interrupted) {
+                        end.stopped = Some(Stop::Exit);
+                        self.printer.note(out, err, "interrupted again: exiting")?;
+                        return Ok(end);
+                    }
+                    end.stopped = Some(Stop::Interrupted);
+                    self.printer.note(
+                        out,
+                        err,
+                        "interrupted: cancelling the turn and the subagents (Ctrl-C again to exit)",
+                    )?;
+                    self.brake.engage();
+                }
+            }
+            // The brake refuses every new step; what runs now is cancelled, once.
+            if self.brake.is_engaged() && !stopped_work {
+                stopped_work = true;
+                self.stop_work();
+            }
+            if self.host.is_quiet(&self.root) {
+                // Everything the root published before it went quiet is already queued.
+                while let Ok(event) = self.feed.events.try_recv() {
+                    end.observe(&event);
+                    self.printer.event(out, &event)?;
+                }
+                break;
+            }
+        }
+        if self.brake.bound_reached() && end.stopped.is_none() {
+            end.stopped = Some(Stop::Bound);
+            self.printer.note(
+                out,
+                err,
+                &format!("stopped: the root reached {MAX_ROOT_TURNS} turns for one prompt"),
+            )?;
+        }
+        self.printer.end_line(out)?;
+        Ok(end)
+    }
+
+    /// Cancels the root's running turn (dropping what it has queued) and interrupts every
+    /// resident child. Best effort: a child that settles meanwhile is simply gone.
+    fn stop_work(&self) {
+        let _ = self.root.cancel(AbortCause::User, Queued::Discard);
+        let authority = Authority::Ancestor(self.root.clone());
+        for child in self.host.subagents.resident() {
+            let _ = self.host.subagents.interrupt(child, &authority);
+        }
     }
 }
 
@@ -454,11 +477,17 @@ impl Printer {
         }
     }
 
-    /// A line of the host's own (a JSON object `{"note": …}` in JSON mode).
-    fn note(&mut self, out: &mut dyn Write, text: &str) -> std::io::Result<()> {
+    /// A line of the host's own: on `out` with the text, on `err` in JSON mode (whose `out`
+    /// holds only events).
+    fn note(
+        &mut self,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+        text: &str,
+    ) -> std::io::Result<()> {
         if self.json {
-            write_json_line(out, &serde_json::json!({ "note": text }))?;
-            return out.flush();
+            writeln!(err, "{text}")?;
+            return err.flush();
         }
         self.line(out, text)
     }
@@ -482,7 +511,107 @@ impl Printer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use lineage_agent::{ChunkStream, Model, ModelRequest, Response, ScriptedModel};
+
     use super::*;
+
+    /// A root that answers every notice by delegating again (the loop the bound is for), and
+    /// children that answer at once.
+    #[derive(Default)]
+    struct Redelegating {
+        calls: AtomicUsize,
+    }
+
+    impl Model for Redelegating {
+        fn stream(&self, request: ModelRequest) -> ChunkStream {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            let is_root = request
+                .messages
+                .iter()
+                .any(|m| m.source == MessageSource::User && m.text() == "go");
+            let answered_a_call = request
+                .messages
+                .last()
+                .is_some_and(|m| matches!(m.source, MessageSource::Tool { .. }));
+            let response = if !is_root {
+                Response::text("done")
+            } else if answered_a_call {
+                Response::text("waiting for it")
+            } else {
+                Response::tool_call(
+                    &format!("call-{n}"),
+                    "subagent",
+                    r#"{"description":"again","prompt":"sub task"}"#,
+                )
+            };
+            ScriptedModel::new([response]).stream(request)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_root_that_delegates_on_every_notice_stops_at_the_turn_bound() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let host = Host::open(
+            &dir.path().join("s.lineage"),
+            Arc::new(Redelegating::default()),
+            true,
+        )
+        .expect("host");
+        let brake = Brake::new();
+        host.subagents
+            .register_continuable_setup(brake.child_setup());
+        let choice = ModelChoice::parse("scripted:redelegating").expect("choice");
+        let spec = root_spec(&host, &choice, Root::new(dir.path()).expect("root"), &brake);
+        let root = host
+            .agents
+            .create(CreateAgent::fresh(spec))
+            .await
+            .expect("root");
+        let (_interrupt, interrupts) = mpsc::unbounded_channel();
+        let mut chat = Conversation {
+            feed: Feed::new(&host, &root, interrupts),
+            host: &host,
+            root: root.clone(),
+            brake,
+            printer: Printer {
+                json: false,
+                mid_line: false,
+            },
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+
+        let end = chat.prompt("go", &mut out, &mut err).await.expect("ran");
+
+        assert_eq!(end.stopped, Some(Stop::Bound));
+        let ends: Vec<TurnEndReason> = root.with_events(|events| {
+            events
+                .iter()
+                .filter_map(|e| match &e.body {
+                    EventBody::TurnEnd(end) => Some(end.reason.clone()),
+                    _ => None,
+                })
+                .collect()
+        });
+        let bound = usize::try_from(MAX_ROOT_TURNS).expect("small");
+        assert_eq!(ends.len(), bound + 1, "{ends:?}");
+        assert!(ends[..bound].iter().all(|r| *r == TurnEndReason::Completed));
+        assert_eq!(
+            ends[bound],
+            TurnEndReason::Blocked,
+            "refused before asking the model"
+        );
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.contains("stopped: the root reached 16 turns"),
+            "{text}"
+        );
+        assert!(host.subagents.resident().is_empty());
+        drop(chat);
+        drop(root);
+        host.close().await.expect("closed");
+    }
 
     #[test]
     fn the_help_states_the_turn_bound_in_force() {
@@ -512,7 +641,6 @@ mod tests {
                 cause: AbortCause::User,
             }),
             stopped: Some(Stop::Interrupted),
-            ..PromptEnd::default()
         };
         assert_eq!(interrupted.exit_code().unwrap(), EXIT_INTERRUPTED);
         let bounded = PromptEnd {

@@ -586,3 +586,39 @@ async fn ctrl_c_cancels_the_running_turn_and_the_chat_exits_with_the_store_flush
         }]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_model_or_with_an_unknown_session_it_is_a_usage_error() {
+    let server = LoopbackServer::start([]).await.expect("server");
+    let place = Place::new();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lineage"));
+    command
+        .args(["chat", "--store"])
+        .arg(place.store())
+        .arg("Hello?")
+        .current_dir(place.cwd())
+        .env_clear()
+        .stdin(Stdio::null());
+    let output = tokio::task::spawn_blocking(move || command.output().expect("lineage runs"))
+        .await
+        .expect("the waiting task");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        stderr(&output).contains("LINEAGE_MODEL"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        !place.store().exists(),
+        "nothing is created before the model is configured"
+    );
+
+    let output = lineage_chat(&server, &place, &["--resume", "0123abcd", "Hello?"], None).await;
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        stderr(&output).contains("no session in"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(server.requests().is_empty(), "no model was asked");
+}

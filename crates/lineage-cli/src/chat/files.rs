@@ -364,6 +364,11 @@ mod tests {
     }
 
     #[test]
+    fn the_descriptions_state_the_bound_in_force() {
+        assert!(READ_DESCRIPTION.contains(&format!("At most {MAX_READ_BYTES} bytes")));
+    }
+
+    #[test]
     fn a_binary_file_is_refused_as_not_text() {
         let (dir, root) = root();
         std::fs::write(dir.path().join("work/blob"), [0x66, 0xff, 0x00]).expect("file");

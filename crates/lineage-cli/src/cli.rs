@@ -19,7 +19,8 @@ Examples:
   lineage stats sessions.lineage --json
 
 A SESSION is a full session id or the start of exactly one stored session's id.
-The store is always opened read-only, so every command works while a host writes to it.
+The inspection commands open the store read-only, so they work while a host writes to it;
+demo and chat are hosts that write.
 
 Exit codes:
   0  ok

@@ -1,9 +1,11 @@
-//! `lineage`: inspect Lineage session stores, offline or while a host is writing them.
+//! `lineage`: inspect Lineage session stores, offline or while a host is writing them; run the
+//! demo; chat with a real model.
 //!
-//! Subcommands: `ls`, `tree`, `show`, `fold`, `verify`, `tail` (`-f` to follow), `export` (JSON
-//! Lines) and `stats`. Every one opens the store read-only, so it works while a host process has
-//! the file open for writing, and never creates a file. Output is aligned plain text (never
-//! coloured); `--json` gives JSON instead on every inspection command.
+//! Inspection subcommands: `ls`, `tree`, `show`, `fold`, `verify`, `tail` (`-f` to follow),
+//! `export` (JSON Lines) and `stats`. Every one opens the store read-only, so it works while a
+//! host process has the file open for writing, and never creates a file. Output is aligned plain
+//! text (never coloured); `--json` gives JSON instead on every inspection command. Two hosts
+//! write stores: `demo` (scripted models) and `chat` (a real endpoint, see `lineage chat --help`).
 //!
 //! Exit codes:
 //!

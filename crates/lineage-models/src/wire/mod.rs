@@ -2,7 +2,7 @@
 //! events of the answer's stream become [`StreamChunk`]s.
 //!
 //! Everything here is pure: no sockets, no clocks. The HTTP layer ([`crate::http`]) sends the
-//! body, feeds each server-sent event to the format's [`Translate`] and yields what it emits.
+//! body, feeds each server-sent event to the format's `Translate` and yields what it emits.
 //!
 //! Every translator keeps the same promises, whatever its server sends:
 //!
@@ -150,7 +150,7 @@ impl AnswerReader {
         self.translator.is_done()
     }
 
-    /// The stream is over: appends the closing chunks, or fails as [`Translate::end`] says.
+    /// The stream is over: appends the closing chunks, or fails as `Translate::end` says.
     pub fn finish(mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         self.translator.end(out)
     }

@@ -22,5 +22,9 @@ fn main() -> std::io::Result<()> {
         &seeds.join("decode_records"),
         lineage_fuzz::seeds::records(),
     )?;
+    write(
+        &seeds.join("model_stream"),
+        lineage_fuzz::seeds::model_streams(),
+    )?;
     Ok(())
 }

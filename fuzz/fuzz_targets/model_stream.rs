@@ -16,7 +16,11 @@ fn read(wire: Wire, body: &[u8], cuts: &[u8]) -> (Vec<StreamChunk>, Option<Model
     let mut rest = body;
     let mut sizes = cuts.iter().map(|&c| usize::from(c).max(1)).cycle();
     while !rest.is_empty() && !reader.is_done() {
-        let size = if cuts.is_empty() { rest.len() } else { sizes.next().unwrap_or(1) };
+        let size = if cuts.is_empty() {
+            rest.len()
+        } else {
+            sizes.next().unwrap_or(1)
+        };
         let (piece, after) = rest.split_at(size.min(rest.len()));
         rest = after;
         if let Err(error) = reader.push(piece, &mut chunks) {
@@ -40,7 +44,9 @@ fn check(chunks: &[StreamChunk]) {
             StreamChunk::Usage(_) => usage_at = Some(at),
             StreamChunk::ToolCallDelta(delta) => {
                 match ids.iter().find(|(index, _)| *index == delta.index) {
-                    Some((_, id)) => assert_eq!(*id, delta.id.as_str(), "a block keeps its call id"),
+                    Some((_, id)) => {
+                        assert_eq!(*id, delta.id.as_str(), "a block keeps its call id")
+                    }
                     None => ids.push((delta.index, delta.id.as_str())),
                 }
             }
@@ -58,7 +64,9 @@ fn check(chunks: &[StreamChunk]) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&selector, rest)) = data.split_first() else { return };
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
     let wire = Wire::ALL[usize::from(selector) % Wire::ALL.len()];
     // The next bytes, up to a zero, choose the piece sizes; the rest is the answer.
     let split = rest.iter().position(|&b| b == 0).unwrap_or(0).min(16);

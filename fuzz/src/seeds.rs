@@ -188,3 +188,102 @@ pub fn records() -> Vec<(&'static str, Vec<u8>)> {
         ),
     ]
 }
+
+/// Answers in each wire format, as `model_stream` reads its input: the format's selector byte,
+/// piece sizes up to a zero byte, then the answer's bytes.
+pub fn model_streams() -> Vec<(&'static str, Vec<u8>)> {
+    use lineage_testkit::loopback::{anthropic, chat, responses};
+    let calls: [(&str, &str, &[&str]); 2] = [
+        ("call_a", "read_file", &["{\"path\":", " \"a.txt\"}"]),
+        ("call_b", "list_dir", &["{\"path\"", ": \".\"}"]),
+    ];
+    let answers: [(&'static str, u8, Vec<u8>); 9] = [
+        (
+            "chat-text",
+            0,
+            chat::Script::new()
+                .reasoning("hm")
+                .text("Hel")
+                .text("lo")
+                .usage(9, 2, Some(1))
+                .stop()
+                .body(),
+        ),
+        (
+            "chat-tools",
+            0,
+            chat::Script::new()
+                .parallel_tool_calls(&calls)
+                .tool_stop()
+                .body(),
+        ),
+        (
+            "chat-error",
+            0,
+            chat::Script::new()
+                .text("x")
+                .error("overloaded", "busy")
+                .body(),
+        ),
+        (
+            "responses-text",
+            1,
+            responses::Script::new()
+                .reasoning("hm")
+                .text("Hello")
+                .usage(9, 2, Some(1))
+                .stop()
+                .body(),
+        ),
+        (
+            "responses-tools",
+            1,
+            responses::Script::new()
+                .parallel_tool_calls(&calls)
+                .tool_stop()
+                .body(),
+        ),
+        (
+            "responses-incomplete",
+            1,
+            responses::Script::new()
+                .text("cut")
+                .finish("max_output_tokens")
+                .body(),
+        ),
+        (
+            "anthropic-text",
+            2,
+            anthropic::Script::new()
+                .reasoning("hm")
+                .text("Hello")
+                .usage(9, 2, Some(1))
+                .stop()
+                .body(),
+        ),
+        (
+            "anthropic-tools",
+            2,
+            anthropic::Script::new()
+                .parallel_tool_calls(&calls)
+                .tool_stop()
+                .body(),
+        ),
+        (
+            "anthropic-error",
+            2,
+            anthropic::Script::new()
+                .text("x")
+                .error("overloaded", "busy")
+                .body(),
+        ),
+    ];
+    answers
+        .into_iter()
+        .map(|(name, wire, body)| {
+            let mut input = vec![wire, 7, 3, 0];
+            input.extend_from_slice(&body);
+            (name, input)
+        })
+        .collect()
+}

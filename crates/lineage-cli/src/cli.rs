@@ -8,6 +8,7 @@ use clap::{Args, ColorChoice, Parser, Subcommand};
 const AFTER_HELP: &str = "\
 Examples:
   lineage demo
+  LINEAGE_MODEL=openai:gpt-4.1 lineage chat --store chat.lineage 'Summarise README.md'
   lineage ls sessions.lineage
   lineage tree sessions.lineage
   lineage show sessions.lineage 019b76da-a800-7000-8000-000000000001 --from 120 --limit 40
@@ -18,7 +19,8 @@ Examples:
   lineage stats sessions.lineage --json
 
 A SESSION is a full session id or the start of exactly one stored session's id.
-The store is always opened read-only, so every command works while a host writes to it.
+The inspection commands open the store read-only, so they work while a host writes to it;
+demo and chat are hosts that write.
 
 Exit codes:
   0  ok
@@ -68,7 +70,46 @@ pub enum Command {
     /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
     /// result (no network: the models are scripted).
     Demo(DemoArgs),
+    /// Talk to a real model: a root agent that can delegate to subagents and read files in the
+    /// working directory, its sessions written to a store (resume one with --resume).
+    Chat(ChatArgs),
 }
+
+/// Arguments of `chat`.
+#[derive(Debug, Args)]
+#[command(after_help = CHAT_HELP)]
+pub struct ChatArgs {
+    /// The store file to write (created if missing).
+    #[arg(long, value_name = "PATH")]
+    pub store: PathBuf,
+    /// The model, as ENDPOINT:MODEL (default: $LINEAGE_MODEL).
+    #[arg(long, value_name = "ENDPOINT:MODEL")]
+    pub model: Option<String>,
+    /// Continue this stored root session (its id, or the start of exactly one stored id).
+    #[arg(long, value_name = "SESSION")]
+    pub resume: Option<String>,
+    /// Print the root's events as JSON Lines instead of text (the session id goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// The prompt: one turn, then exit. Without it, prompts are read line by line from a
+    /// terminal, or the whole of a piped stdin is one prompt.
+    #[arg(value_name = "PROMPT")]
+    pub prompt: Option<String>,
+}
+
+/// `chat --help`'s closing text.
+pub(crate) const CHAT_HELP: &str = "\
+The endpoint's address, wire format and key come from the environment: a known endpoint
+(openai, openai-responses, anthropic, deepseek, ollama) needs only its key variable
+(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...); any other name needs LINEAGE_BASE_URL and LINEAGE_WIRE
+(chat, responses or anthropic), with its key in LINEAGE_API_KEY (or the variable
+LINEAGE_API_KEY_VAR names).
+
+One prompt runs until the root agent and every child it started are quiet: each child's
+settlement notice is delivered to the root as a further turn, at most 16 root turns per prompt
+(past that, no agent asks the model again and the prompt fails). Ctrl-C cancels the running turn
+and interrupts the children; a second Ctrl-C exits, the store flushed. Exit 0 when the prompt's turns completed, 1 when one failed (the error's code and
+message on stderr), 2 on bad arguments or configuration, 130 after Ctrl-C.";
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]

@@ -17,24 +17,19 @@ use std::sync::Arc;
 
 use lineage_agent::{
     Agent, AgentEvent, AgentOptions, AgentSpec, Agents, ChunkStream, CreateAgent, Model,
-    ModelRequest, Response, ScriptedModel, Tool,
+    ModelRequest, Response, ScriptedModel,
 };
 use lineage_log::{
     ContentBlock, EventBody, Message, MessageSource, Role, SessionId, fold_descriptor,
 };
-use lineage_store::Store;
-use lineage_subagent::tools::{
-    BackgroundMode, InterruptAgentTool, ListAgentsTool, ReportSetup, SendMessageTool, SubagentTool,
-    SubagentToolConfig,
-};
-use lineage_subagent::{
-    ChildOptions, ForkProvider, Lifecycle, ReportDelivery, SpawnProvider, SubagentRuntime,
-};
+use lineage_subagent::tools::{BackgroundMode, SubagentToolConfig};
+use lineage_subagent::{ChildOptions, ForkProvider, Lifecycle, SpawnProvider};
 use tokio::sync::mpsc;
 
 use crate::cli::{DemoArgs, Output, TreeArgs, VerifyArgs};
 use crate::commands;
 use crate::error::{CliError, EXIT_OK};
+use crate::host::{Host, child_message_line, one_line, result_text};
 
 /// The default store file, in the working directory.
 pub const DEFAULT_STORE: &str = "lineage-demo.lineage";
@@ -138,8 +133,9 @@ async fn story(
     .map_err(CliError::Output)?;
 
     // ----- first process --------------------------------------------------------------------
-    let host = Host::open(path, true)?;
+    let host = DemoHost::open(path, true)?;
     let lead = host
+        .host
         .agents
         .create(CreateAgent::fresh(host.lead_spec()))
         .await
@@ -173,8 +169,9 @@ async fn story(
         "    closed every agent and the store; reopening with no provider registered"
     )
     .map_err(CliError::Output)?;
-    let host = Host::open(path, false)?;
+    let host = DemoHost::open(path, false)?;
     let lead = host
+        .host
         .agents
         .resume(lead_id, host.lead_spec())
         .await
@@ -192,34 +189,20 @@ async fn story(
     Ok((lead_id, auditor))
 }
 
-/// One process's worth of runtime: the store, the agents, delegation, and the lifecycle feed.
-struct Host {
-    store: Store,
-    agents: Agents,
-    subagents: SubagentRuntime,
+/// The demo's host: the shared runtime, its agents answered by [`DemoModel`].
+struct DemoHost {
+    host: Host,
 }
 
-impl Host {
-    fn open(path: &Path, with_providers: bool) -> Result<Host, CliError> {
-        let store = Store::open(path).map_err(|e| failed("opening the store")(e.to_string()))?;
-        let agents = Agents::new(store.clone(), Arc::new(DemoModel));
-        let subagents = SubagentRuntime::new(agents.clone());
-        subagents.register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep));
-        if with_providers {
-            for provider in [
-                Arc::new(SpawnProvider::new()) as Arc<dyn lineage_subagent::Provider>,
-                Arc::new(ForkProvider::new()),
-            ] {
-                subagents
-                    .register_provider(provider)
-                    .map_err(|e| failed("registering a provider")(e.to_string()))?;
-            }
-        }
-        Ok(Host {
-            store,
-            agents,
-            subagents,
-        })
+impl DemoHost {
+    fn open(path: &Path, with_providers: bool) -> Result<DemoHost, CliError> {
+        let host = Host::open(path, Arc::new(DemoModel), with_providers).map_err(CliError::Demo)?;
+        Ok(DemoHost { host })
+    }
+
+    /// Tears down every resident child and agent and closes the store.
+    async fn close(self) -> Result<(), CliError> {
+        self.host.close().await.map_err(CliError::Demo)
     }
 
     /// The lead's tools: background delegation to `spawn`, a foreground `review` through `fork`,
@@ -241,16 +224,7 @@ impl Host {
             },
             ..SubagentToolConfig::new(ForkProvider::NAME)
         };
-        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
-        for config in [delegate, review] {
-            match SubagentTool::new(&self.subagents, config) {
-                Ok(tool) => tools.push(tool),
-                Err(error) => tracing::warn!(%error, "a delegation tool was not set up"),
-            }
-        }
-        tools.push(SendMessageTool::new(&self.subagents));
-        tools.push(InterruptAgentTool::new(&self.subagents));
-        tools.push(ListAgentsTool::new(&self.subagents));
+        let tools = self.host.delegation_tools(vec![delegate, review]);
         AgentSpec {
             options: AgentOptions {
                 endpoint: Some("scripted".into()),
@@ -270,9 +244,9 @@ impl Host {
 
     /// Forwards what is worth telling about `lead` and its children to `tx`, as lines.
     fn narrate(&self, lead: &Arc<Agent>, tx: mpsc::UnboundedSender<Line>) {
-        let agents = self.agents.clone();
+        let agents = self.host.agents.clone();
         let lifecycle = tx.clone();
-        self.subagents.on_lifecycle(move |event| {
+        self.host.subagents.on_lifecycle(move |event| {
             let _ = lifecycle.send(Line::Lifecycle(describe(&agents, event)));
             Ok(())
         });
@@ -325,9 +299,7 @@ impl Host {
                     while let Ok(line) = rx.try_recv() {
                         print_line(out, &line)?;
                     }
-                    if !lead.has_pending() && self.subagents.resident().is_empty()
-                        && lead.status() == lineage_agent::AgentStatus::Idle
-                    {
+                    if self.host.is_quiet(lead) {
                         return Ok(());
                     }
                     // Something is still going on: wait for its next line.
@@ -338,20 +310,6 @@ impl Host {
                 }
             }
         }
-    }
-
-    /// Tears down every resident child and agent and closes the store.
-    async fn close(self) -> Result<(), CliError> {
-        self.subagents
-            .drain()
-            .await
-            .map_err(|e| failed("draining the subagents")(e.to_string()))?;
-        self.agents.dispose_all().await;
-        drop(self.subagents);
-        drop(self.agents);
-        self.store
-            .close()
-            .map_err(|e| failed("closing the store")(e.to_string()))
     }
 }
 
@@ -402,50 +360,8 @@ fn lead_line(event: &AgentEvent) -> Option<String> {
             }
             _ => None,
         },
-        AgentEvent::InboxInserted { message, .. } => match &message.source {
-            MessageSource::SubagentReport { .. } => {
-                let text: Vec<String> = message
-                    .content
-                    .iter()
-                    .filter_map(|b| match b {
-                        ContentBlock::Text { text } => Some(text.to_string()),
-                        _ => None,
-                    })
-                    .collect();
-                Some(format!("report in: {}", one_line(&text.join(" "))))
-            }
-            MessageSource::SubagentSettled { summary, .. } => Some(format!("notice in: {summary}")),
-            _ => None,
-        },
+        AgentEvent::InboxInserted { message, .. } => child_message_line(message),
         _ => None,
-    }
-}
-
-fn result_text(message: &Message) -> String {
-    message
-        .content
-        .iter()
-        .flat_map(|b| match b {
-            ContentBlock::ToolResult { content, .. } => content.clone(),
-            other => vec![other.clone()],
-        })
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.to_string()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `text` on one line, cut to a readable length.
-fn one_line(text: &str) -> String {
-    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > 110 {
-        let mut cut: String = flat.chars().take(109).collect();
-        cut.push('…');
-        cut
-    } else {
-        flat
     }
 }
 

@@ -31,6 +31,8 @@ pub enum CliError {
     Output(io::Error),
     /// The demo could not run to its end (exit 1).
     Demo(String),
+    /// The chat could not run, or a turn of its prompt failed (exit 1).
+    Chat(String),
 }
 
 impl CliError {
@@ -41,7 +43,7 @@ impl CliError {
             CliError::CannotOpen(_) => EXIT_CANNOT_OPEN,
             CliError::Damaged(_) => EXIT_PROBLEMS,
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => EXIT_OK,
-            CliError::Output(_) | CliError::Demo(_) => EXIT_PROBLEMS,
+            CliError::Output(_) | CliError::Demo(_) | CliError::Chat(_) => EXIT_PROBLEMS,
         }
     }
 
@@ -51,7 +53,8 @@ impl CliError {
             CliError::Usage(m)
             | CliError::CannotOpen(m)
             | CliError::Damaged(m)
-            | CliError::Demo(m) => Some(m.clone()),
+            | CliError::Demo(m)
+            | CliError::Chat(m) => Some(m.clone()),
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
             CliError::Output(e) => Some(format!("cannot write the output: {e}")),
         }
@@ -64,6 +67,7 @@ impl CliError {
             CliError::CannotOpen(_) => CliError::CannotOpen(message),
             CliError::Damaged(_) => CliError::Damaged(message),
             CliError::Demo(_) => CliError::Demo(message),
+            CliError::Chat(_) => CliError::Chat(message),
             output @ CliError::Output(_) => output,
         }
     }

@@ -1,9 +1,11 @@
-//! `lineage`: inspect Lineage session stores, offline or while a host is writing them.
+//! `lineage`: inspect Lineage session stores, offline or while a host is writing them; run the
+//! demo; chat with a real model.
 //!
-//! Subcommands: `ls`, `tree`, `show`, `fold`, `verify`, `tail` (`-f` to follow), `export` (JSON
-//! Lines) and `stats`. Every one opens the store read-only, so it works while a host process has
-//! the file open for writing, and never creates a file. Output is aligned plain text (never
-//! coloured); `--json` gives JSON instead on every inspection command.
+//! Inspection subcommands: `ls`, `tree`, `show`, `fold`, `verify`, `tail` (`-f` to follow),
+//! `export` (JSON Lines) and `stats`. Every one opens the store read-only, so it works while a
+//! host process has the file open for writing, and never creates a file. Output is aligned plain
+//! text (never coloured); `--json` gives JSON instead on every inspection command. Two hosts
+//! write stores: `demo` (scripted models) and `chat` (a real endpoint, see `lineage chat --help`).
 //!
 //! Exit codes:
 //!
@@ -23,10 +25,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod chat;
 mod cli;
 mod commands;
 mod demo;
 mod error;
+mod host;
 mod open;
 mod render;
 mod time;
@@ -37,7 +41,7 @@ use std::io::{BufWriter, Write};
 use clap::Parser;
 use clap::error::ErrorKind;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Command};
 use crate::error::{EXIT_OK, EXIT_USAGE};
 
 /// Runs the `lineage` command line `args` (`args[0]` is the program name), writing its output to
@@ -58,16 +62,34 @@ where
     };
     // Notes a run on this thread left unprinted (it panicked) are not this run's.
     drop(open::take_notes());
+    // The chat writes as the model streams (unbuffered) and needs `err` for its session id.
+    let command = match cli.command {
+        Command::Chat(args) => {
+            let result = chat::run(&args, out, err);
+            return finish(result, Ok(()), err);
+        }
+        command => command,
+    };
     let mut out = Noted {
         out: BufWriter::new(out),
         err,
         said: Vec::new(),
     };
-    let result = commands::run(cli.command, &mut out);
+    let result = commands::run(command, &mut out);
     // Whatever was printed before a failure (for example the rows of `ls` before a damaged
     // session) is still written out; a closed pipe is not worth a word.
     let flushed = out.flush();
     let Noted { err, .. } = out;
+    finish(result, flushed, err)
+}
+
+/// The exit code of a command that ended with `result` and whose output flushed with
+/// `flushed`, its failure said on `err`.
+fn finish(
+    result: Result<u8, error::CliError>,
+    flushed: std::io::Result<()>,
+    err: &mut dyn Write,
+) -> i32 {
     let failure = match result {
         Ok(code) => match flushed {
             Ok(()) => return i32::from(code),

@@ -1,7 +1,7 @@
 //! [`HttpModel`]: one endpoint behind the `Model` trait. It posts the wire format's request,
 //! retries attempts that produced nothing, and streams the answer's chunks as they arrive.
 //!
-//! One answer is a small state machine ([`Answer`]), polled by the turn loop through the chunk
+//! One answer is a small state machine (`Answer`), polled by the turn loop through the chunk
 //! stream:
 //!
 //! 1. **Connect.** Post the body; wait for the response head. An error status is read (its body

@@ -99,12 +99,21 @@ impl Decoder {
     }
 
     /// Decodes `bytes`, the next chunk of the stream, and returns the frames it completed.
-    pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<Frame>, Error> {
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Frame>, Error> {
+        let mut frames = Vec::new();
+        self.push_into(bytes, &mut frames)?;
+        Ok(frames)
+    }
+
+    /// Decodes `bytes` and appends the frames it completed to `frames`. On an error, the frames
+    /// completed before the offending line are appended all the same, so what a stream decodes
+    /// to before its first bad line does not depend on how it was chunked.
+    pub fn push_into(&mut self, mut bytes: &[u8], frames: &mut Vec<Frame>) -> Result<(), Error> {
         if let Some(error) = &self.failed {
             return Err(error.clone());
         }
         if bytes.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         if !self.started {
             // The mark may itself be split: wait until three bytes (or a mismatch) are known.
@@ -113,20 +122,19 @@ impl Decoder {
             head.extend_from_slice(bytes);
             if head.len() < BOM.len() && BOM.starts_with(&head) {
                 self.line = head;
-                return Ok(Vec::new());
+                return Ok(());
             }
             self.started = true;
-            return self.lines_of(head.strip_prefix(BOM).unwrap_or(&head));
+            return self.lines_of(head.strip_prefix(BOM).unwrap_or(&head), frames);
         }
         if std::mem::take(&mut self.after_cr) && bytes[0] == b'\n' {
             bytes = &bytes[1..];
         }
-        self.lines_of(bytes)
+        self.lines_of(bytes, frames)
     }
 
     /// Ends every line `bytes` completes and keeps the rest for the next chunk.
-    fn lines_of(&mut self, mut rest: &[u8]) -> Result<Vec<Frame>, Error> {
-        let mut frames = Vec::new();
+    fn lines_of(&mut self, mut rest: &[u8], frames: &mut Vec<Frame>) -> Result<(), Error> {
         while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
             let (line, tail) = rest.split_at(end);
             self.line.extend_from_slice(line);
@@ -141,7 +149,7 @@ impl Decoder {
                 }
             }
             self.lines += 1;
-            if let Err(error) = self.take_line(&line, &mut frames) {
+            if let Err(error) = self.take_line(&line, frames) {
                 self.failed = Some(error.clone());
                 return Err(error);
             }
@@ -154,7 +162,7 @@ impl Decoder {
             return Err(error);
         }
         self.line.extend_from_slice(rest);
-        Ok(frames)
+        Ok(())
     }
 
     fn take_line(&mut self, line: &[u8], frames: &mut Vec<Frame>) -> Result<(), Error> {
@@ -296,6 +304,17 @@ mod tests {
         let error = decoder.push(b"data: \xFF\n").unwrap_err();
         assert_eq!(error, Error::InvalidUtf8 { line: 3 });
         assert_eq!(decoder.push(b"data: fine\n\n"), Err(error));
+    }
+
+    #[test]
+    fn the_frames_before_a_bad_line_are_kept_however_the_stream_was_chunked() {
+        let mut decoder = Decoder::new();
+        let mut frames = Vec::new();
+        let error = decoder
+            .push_into(b"data: one\n\n: alive\ndata: \xFF\n\n", &mut frames)
+            .unwrap_err();
+        assert_eq!(error, Error::InvalidUtf8 { line: 4 });
+        assert_eq!(frames.len(), 2, "{frames:?}");
     }
 
     #[test]

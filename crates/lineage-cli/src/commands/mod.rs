@@ -32,6 +32,9 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Export(args) => export::run(&args, out),
         Command::Stats(args) => stats::run(&args, out),
         Command::Demo(args) => crate::demo::run(&args, out),
+        // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the
+        // session id of `--json` goes nowhere.
+        Command::Chat(args) => crate::chat::run(&args, out, &mut io::sink()),
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Everything here is pure: no sockets, no clocks. The HTTP layer ([`crate::http`]) sends the
 //! body and pushes the answer's bytes into an [`AnswerReader`], which decodes the server-sent
-//! events, feeds each to the format's [`Translate`] and yields what it emits.
+//! events, feeds each to the format's `Translate` and yields what it emits.
 //!
 //! Every translator keeps the same promises, whatever its server sends:
 //!
@@ -106,6 +106,8 @@ impl fmt::Display for Wire {
 pub struct AnswerReader {
     wire: Wire,
     sse: crate::sse::Decoder,
+    /// Frames decoded but not yet translated; kept to reuse its allocation.
+    frames: Vec<crate::sse::Frame>,
     translator: Box<dyn Translate>,
     /// The failure that ended the answer: every later call gives it again and reads nothing,
     /// so the promise holds whichever translator failed and however the caller goes on. (Boxed:
@@ -119,13 +121,15 @@ impl AnswerReader {
         AnswerReader {
             wire,
             sse: crate::sse::Decoder::new(),
+            frames: Vec::new(),
             translator: wire.translator(),
             failed: None,
         }
     }
 
     /// Takes in the next bytes of the stream, appending their chunks to `out`. Bytes after the
-    /// format's end are ignored.
+    /// format's end are ignored. On a failure, the chunks of the events before it are appended
+    /// all the same: what an answer reads to does not depend on how its bytes were split.
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         if let Some(failure) = &self.failed {
             return Err(ModelError::clone(failure));
@@ -141,19 +145,22 @@ impl AnswerReader {
     }
 
     fn read(&mut self, bytes: &[u8], out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
-        let frames = self
-            .sse
-            .push(bytes)
-            .map_err(|e| bad_response(self.wire, e))?;
-        for frame in frames {
+        let framed = self.sse.push_into(bytes, &mut self.frames);
+        let mut translated = Ok(());
+        for frame in self.frames.drain(..) {
             if let crate::sse::Frame::Event(event) = frame {
-                self.translator.event(&event, out)?;
-                if self.translator.is_done() {
+                translated = self.translator.event(&event, out);
+                if translated.is_err() || self.translator.is_done() {
                     break;
                 }
             }
         }
-        Ok(())
+        self.frames.clear();
+        translated?;
+        if self.translator.is_done() {
+            return Ok(());
+        }
+        framed.map_err(|e| bad_response(self.wire, e))
     }
 
     /// Whether the format's end has been read: nothing more needs to be.
@@ -161,7 +168,7 @@ impl AnswerReader {
         self.translator.is_done()
     }
 
-    /// The stream is over: appends the closing chunks, or fails as [`Translate::end`] says.
+    /// The stream is over: appends the closing chunks, or fails as `Translate::end` says.
     pub fn finish(mut self, out: &mut Vec<StreamChunk>) -> Result<(), ModelError> {
         match self.failed {
             Some(failure) => Err(*failure),

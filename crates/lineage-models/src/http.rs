@@ -166,9 +166,9 @@ struct Answer {
 enum Phase {
     Connect,
     Stream {
-        // Boxed: a response is large, and the phase moves on every read.
+        // Boxed, both: a response and a reader are large, and the phase moves on every read.
         response: Box<reqwest::Response>,
-        reader: AnswerReader,
+        reader: Box<AnswerReader>,
     },
     Done,
 }
@@ -186,7 +186,7 @@ impl Answer {
                     Ok(response) => {
                         self.phase = Phase::Stream {
                             response: Box::new(response),
-                            reader: AnswerReader::new(self.model.endpoint.wire),
+                            reader: Box::new(AnswerReader::new(self.model.endpoint.wire)),
                         }
                     }
                     Err(error) => self.fail(error).await,

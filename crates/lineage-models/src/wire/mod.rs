@@ -111,7 +111,7 @@ pub struct AnswerReader {
     translator: Box<dyn Translate>,
     /// The failure that ended the answer: every later call gives it again and reads nothing,
     /// so the promise holds whichever translator failed and however the caller goes on. (Boxed:
-    /// the reader lives in the HTTP layer's stream state, which should stay small.)
+    /// a failure is large and rare.)
     failed: Option<Box<ModelError>>,
 }
 

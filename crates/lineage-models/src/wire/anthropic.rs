@@ -1082,6 +1082,21 @@ data: {"type":"message_stop"}
     }
 
     #[test]
+    fn a_mid_stream_error_of_long_words_is_told_in_bounded_words() {
+        let (kind, said) = ("x".repeat(5000), "y".repeat(5000));
+        let wire = after_first_delta(&format!(
+            "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":\"{said}\"}}}}\n\n"
+        ));
+        let failure = testing::failure_of(WIRE, &wire);
+        assert_eq!(failure.code, SERVER, "an undocumented type");
+        assert!(
+            failure.message.chars().count() <= 48 + failure::MESSAGE_BOUND + 64,
+            "{} characters",
+            failure.message.chars().count()
+        );
+    }
+
+    #[test]
     fn a_mid_stream_error_event_fails_with_a_code_of_its_kind() {
         for (error, expected) in [
             (

@@ -9,6 +9,8 @@
 //! - [`limits`]: (a) decode and digest the same records from one in-memory buffer; (b) the floor:
 //!   read the bytes from the page cache, hash them in bulk and split the frames without decoding.
 //! - [`measure`]: timing and peak resident memory.
+//! - [`models`]: the model adapters over real sockets against a raw read and the in-memory
+//!   decode (the `lineage-bench-models` binary).
 
 #![forbid(unsafe_code)]
 
@@ -16,4 +18,5 @@ pub mod fixture;
 pub mod jsonl;
 pub mod limits;
 pub mod measure;
+pub mod models;
 pub mod sqlite;

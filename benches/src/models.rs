@@ -515,6 +515,58 @@ pub fn decode(answer: &Answer, piece: usize) -> Result<Read, String> {
     })
 }
 
+/// Where the in-memory decode's time goes, measured from outside the adapter crate: the
+/// event-stream framing alone, and the framing with every event's data parsed as a JSON value
+/// (what a translator starts from). The rest of the decode is the translation into chunks.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSplit {
+    /// `sse::Decoder` over the answer, fed in [`DECODE_PIECE`] pieces.
+    pub framing: Duration,
+    /// The same, plus `serde_json::from_str::<Value>` of every event's data.
+    pub framing_and_json: Duration,
+    /// How many events the framing yields.
+    pub events: usize,
+}
+
+/// Times the parts of the in-memory decode of `answer`: the median of `runs`.
+pub fn decode_split(answer: &Answer, runs: usize) -> Result<DecodeSplit, String> {
+    let pass = |parse: bool| -> Result<(Duration, usize), String> {
+        let start = Instant::now();
+        let mut decoder = lineage_models::sse::Decoder::new();
+        let mut events = 0;
+        for bytes in answer.bytes.chunks(DECODE_PIECE) {
+            let frames = decoder
+                .push(bytes)
+                .map_err(|e| format!("the {} framing: {e}", answer.wire))?;
+            for frame in frames {
+                if let lineage_models::sse::Frame::Event(event) = frame {
+                    events += 1;
+                    if parse && event.data != "[DONE]" {
+                        let value: Value = serde_json::from_str(&event.data)
+                            .map_err(|e| format!("the {} event data: {e}", answer.wire))?;
+                        std::hint::black_box(value);
+                    }
+                }
+            }
+        }
+        Ok((start.elapsed(), events))
+    };
+    let timed = |parse: bool| -> Result<(Duration, usize), String> {
+        let mut samples = (0..runs.max(1))
+            .map(|_| pass(parse))
+            .collect::<Result<Vec<_>, _>>()?;
+        samples.sort();
+        Ok(samples[samples.len() / 2])
+    };
+    let (framing, events) = timed(false)?;
+    let (framing_and_json, _) = timed(true)?;
+    Ok(DecodeSplit {
+        framing,
+        framing_and_json,
+        events,
+    })
+}
+
 /// The throughput of one wire format: the median of `runs` reads by each path (after one
 /// unmeasured read each).
 #[derive(Clone, Copy, Debug)]
@@ -920,6 +972,25 @@ pub fn throughput_rows(wire: Wire, deltas: usize, t: &Throughput) -> Vec<Row> {
     ]
 }
 
+/// The row of where the in-memory decode's time goes, for one wire format.
+pub fn split_row(wire: Wire, deltas: usize, decode: &Read, split: &DecodeSplit) -> Row {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    Row {
+        figure: format!("{wire}: in-memory decode of {deltas} deltas, and its parts"),
+        unit: "ms",
+        lineage: ms(decode.elapsed),
+        others: vec![
+            ("event-stream framing alone", ms(split.framing)),
+            (
+                "framing + each event's JSON parsed",
+                ms(split.framing_and_json),
+            ),
+        ],
+        target: None,
+        higher_is_better: false,
+    }
+}
+
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -951,8 +1022,11 @@ pub fn latency_rows(wire: Wire, l: &Latency) -> Vec<Row> {
 }
 
 /// What was measured of one wire format, for the JSON.
-pub fn answer_json(answer: &Answer, t: &Throughput, l: &Latency) -> Value {
+pub fn answer_json(answer: &Answer, t: &Throughput, l: &Latency, split: &DecodeSplit) -> Value {
     json!({
+        "events": split.events,
+        "framing_ms": split.framing.as_secs_f64() * 1e3,
+        "framing_and_json_ms": split.framing_and_json.as_secs_f64() * 1e3,
         "wire": answer.wire.name(),
         "text_deltas": answer.deltas,
         "body_bytes": answer.bytes.len(),
@@ -1018,11 +1092,63 @@ mod tests {
     fn every_answer_holds_its_deltas_and_its_first_write_ends_after_the_first_delta() {
         for wire in Wire::ALL {
             let answer = answer(wire, 10);
-            assert_eq!(answer.text, "The quick brown \"fox\" jumps. qu", "{wire}");
+            assert_eq!(
+                answer.text, "The quick brown \"fox\" jumps.The qu",
+                "{wire}"
+            );
             let first = std::str::from_utf8(&answer.bytes[..answer.first]).expect("UTF-8");
             assert!(first.ends_with("\n\n"), "{wire}: {first}");
             assert!(first.contains("\"The\""), "{wire}: {first}");
             assert!(!first.contains("\" qu\""), "{wire}: {first}");
+        }
+    }
+
+    #[test]
+    fn the_raw_reads_get_every_answer_whole_from_both_servers() {
+        let rt = Runtimes::new().expect("runtimes");
+        for wire in Wire::ALL {
+            let answer = Arc::new(answer(wire, 50));
+            let server = rt
+                .server
+                .block_on(LoopbackServer::start([Reply::Sse {
+                    body: answer.bytes.clone(),
+                    chunk: Some(100),
+                    delay: Duration::ZERO,
+                }]))
+                .expect("loopback server");
+            let read = rt
+                .current
+                .block_on(raw_read(server.addr(), answer.clone()))
+                .expect("a raw read");
+            assert!(
+                read.bytes > answer.bytes.len(),
+                "{wire}: the head is counted"
+            );
+            let first = FirstByteServer::start(&rt.server, answer.clone(), Duration::ZERO)
+                .expect("latency server");
+            for _ in 0..3 {
+                rt.current
+                    .block_on(first_byte_raw(&first, &answer))
+                    .expect("a raw first byte");
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_reads_a_small_answer_whole_in_every_format() {
+        let rt = Runtimes::new().expect("runtimes");
+        for wire in Wire::ALL {
+            let t = throughput(&rt, answer(wire, 300), 1).expect("throughput");
+            // 300 deltas, and at least a block start, a block end and a finish around them.
+            for read in [t.adapter, t.adapter_multi, t.decode] {
+                assert!(read.chunks >= 303, "{wire}: {read:?}");
+            }
+            assert_eq!(t.adapter.chunks, t.decode.chunks, "{wire}");
+            let l = latency(&rt, answer(wire, 300), 3, Duration::ZERO).expect("latency");
+            assert_eq!((l.adapter.len(), l.raw.len()), (3, 3), "{wire}");
+            let rows = [throughput_rows(wire, 300, &t), latency_rows(wire, &l)].concat();
+            assert_eq!(rows.len(), 4, "{wire}");
+            assert!(table(&rows).contains("≥ 200k chunks/s"), "{wire}");
         }
     }
 
@@ -1046,7 +1172,9 @@ mod tests {
         tally.take(&StreamChunk::Finish {
             reason: FinishReason::Stop,
         });
-        let error = tally.check(&answer, "test").expect_err("one delta is missing");
+        let error = tally
+            .check(&answer, "test")
+            .expect_err("one delta is missing");
         assert!(error.contains("3 bytes in 1 deltas"), "{error}");
     }
 }

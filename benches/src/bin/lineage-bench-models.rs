@@ -44,7 +44,9 @@ fn parse_args() -> Result<Config, String> {
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--deltas" => config.deltas = parse_count(&args.next().ok_or("--deltas needs a count")?)?,
+            "--deltas" => {
+                config.deltas = parse_count(&args.next().ok_or("--deltas needs a count")?)?
+            }
             "--runs" => {
                 config.latency_runs = parse_count(&args.next().ok_or("--runs needs a count")?)?
             }
@@ -55,7 +57,9 @@ fn parse_args() -> Result<Config, String> {
             }
             "--json" => config.json = PathBuf::from(args.next().ok_or("--json needs a path")?),
             "--help" | "-h" => {
-                println!("lineage-bench-models [--deltas 200k] [--runs 200] [--quick] [--json PATH]");
+                println!(
+                    "lineage-bench-models [--deltas 200k] [--runs 200] [--quick] [--json PATH]"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -83,7 +87,14 @@ fn run(config: &Config) -> Result<(Vec<Row>, Vec<Value>), String> {
         let latency = models::latency(&rt, answer.clone(), config.latency_runs, HEAD_PAUSE)?;
         rows.extend(models::throughput_rows(wire, config.deltas, &throughput));
         rows.extend(models::latency_rows(wire, &latency));
-        answers.push(models::answer_json(&answer, &throughput, &latency));
+        let split = models::decode_split(&answer, config.throughput_runs)?;
+        rows.push(models::split_row(
+            wire,
+            config.deltas,
+            &throughput.decode,
+            &split,
+        ));
+        answers.push(models::answer_json(&answer, &throughput, &latency, &split));
     }
     Ok((rows, answers))
 }
@@ -116,7 +127,8 @@ fn main() {
     if let Some(parent) = config.json.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
-    let text = serde_json::to_string_pretty(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    let text =
+        serde_json::to_string_pretty(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     match std::fs::write(&config.json, text) {
         Ok(()) => eprintln!("wrote {}", config.json.display()),
         Err(e) => eprintln!("could not write {}: {e}", config.json.display()),

@@ -362,6 +362,29 @@ pub struct Read {
     pub bytes: usize,
     /// How long it took.
     pub elapsed: Duration,
+    /// How long the calling thread was on a CPU meanwhile (zero where the system does not say):
+    /// on a shared machine, the cost that does not count the time other processes took.
+    pub cpu: Duration,
+}
+
+/// The time the calling thread has spent on a CPU, from `/proc/thread-self/schedstat` (in
+/// nanoseconds), where the system provides it.
+pub fn thread_cpu() -> Option<Duration> {
+    // The running thread's figure is brought up to date when it yields.
+    std::thread::yield_now();
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// Runs `f` and adds the calling thread's CPU time meanwhile to its read.
+fn on_cpu(f: impl FnOnce() -> Result<Read, String>) -> Result<Read, String> {
+    let before = thread_cpu();
+    let mut read = f()?;
+    if let (Some(before), Some(after)) = (before, thread_cpu()) {
+        read.cpu = after.saturating_sub(before);
+    }
+    Ok(read)
 }
 
 /// The runtimes of a run: the servers' and the consumers'.
@@ -445,6 +468,67 @@ pub async fn via_adapter(model: HttpModel, answer: Arc<Answer>) -> Result<Read, 
         chunks: tally.check(&answer, "HttpModel")?,
         bytes: answer.bytes.len(),
         elapsed,
+        cpu: Duration::ZERO,
+    })
+}
+
+/// A client as the adapter builds one, for the HTTP client alone.
+pub fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .build()
+        .map_err(|e| format!("the HTTP client does not build: {e}"))
+}
+
+/// Posts a request to `base`'s `wire` path with `client`.
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    wire: Wire,
+) -> Result<reqwest::Response, String> {
+    let response = client
+        .post(format!("{base}/v1{}", wire.path()))
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body("{}")
+        .send()
+        .await
+        .map_err(|e| format!("reqwest alone, {wire}: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("reqwest alone, {wire}: HTTP {}", response.status()));
+    }
+    Ok(response)
+}
+
+/// Reads one answer's body with the HTTP client alone (`Response::chunk` to the end, no
+/// decoding): what the adapter's client costs before the adapter does anything.
+pub async fn via_reqwest(
+    client: reqwest::Client,
+    base: String,
+    answer: Arc<Answer>,
+) -> Result<Read, String> {
+    let start = Instant::now();
+    let mut response = post(&client, &base, answer.wire).await?;
+    let mut bytes = 0;
+    while let Some(piece) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reqwest alone, {}: {e}", answer.wire))?
+    {
+        bytes += piece.len();
+    }
+    let elapsed = start.elapsed();
+    if bytes != answer.bytes.len() {
+        return Err(format!(
+            "reqwest alone, {}: {bytes} bytes read of {}",
+            answer.wire,
+            answer.bytes.len()
+        ));
+    }
+    Ok(Read {
+        chunks: 0,
+        bytes,
+        elapsed,
+        cpu: Duration::ZERO,
     })
 }
 
@@ -483,6 +567,7 @@ pub async fn raw_read(addr: SocketAddr, answer: Arc<Answer>) -> Result<Read, Str
         chunks: 0,
         bytes: bytes.len(),
         elapsed,
+        cpu: Duration::ZERO,
     })
 }
 
@@ -512,6 +597,7 @@ pub fn decode(answer: &Answer, piece: usize) -> Result<Read, String> {
         chunks: tally.check(answer, "in-memory decode")?,
         bytes: answer.bytes.len(),
         elapsed,
+        cpu: Duration::ZERO,
     })
 }
 
@@ -575,6 +661,8 @@ pub struct Throughput {
     pub adapter: Read,
     /// `HttpModel` consumed by a task on the multi-thread runtime.
     pub adapter_multi: Read,
+    /// The HTTP client alone, on the current-thread runtime.
+    pub client: Read,
     /// The raw TCP read.
     pub raw: Read,
     /// The in-memory decode.
@@ -609,8 +697,10 @@ pub fn throughput(rt: &Runtimes, answer: Answer, runs: usize) -> Result<Throughp
     };
     let adapter = timed(&mut || {
         server.push(reply());
-        rt.current
-            .block_on(via_adapter(model.clone(), answer.clone()))
+        on_cpu(|| {
+            rt.current
+                .block_on(via_adapter(model.clone(), answer.clone()))
+        })
     })?;
     // A client of its own: its connections belong to the runtime that made them.
     let multi_model = HttpModel::new(endpoint(wire, &server.base_url()))
@@ -624,14 +714,24 @@ pub fn throughput(rt: &Runtimes, answer: Answer, runs: usize) -> Result<Throughp
             .block_on(task)
             .map_err(|e| format!("HttpModel on the multi-thread runtime, {wire}: {e}"))?
     })?;
+    let client = http_client()?;
+    let base = server.base_url();
+    let client = timed(&mut || {
+        server.push(reply());
+        on_cpu(|| {
+            rt.current
+                .block_on(via_reqwest(client.clone(), base.clone(), answer.clone()))
+        })
+    })?;
     let raw = timed(&mut || {
         server.push(reply());
-        rt.current.block_on(raw_read(server.addr(), answer.clone()))
+        on_cpu(|| rt.current.block_on(raw_read(server.addr(), answer.clone())))
     })?;
-    let decode = timed(&mut || decode(&answer, DECODE_PIECE))?;
+    let decode = timed(&mut || on_cpu(|| decode(&answer, DECODE_PIECE)))?;
     Ok(Throughput {
         adapter,
         adapter_multi,
+        client,
         raw,
         decode,
     })
@@ -754,6 +854,32 @@ pub async fn first_chunk_via_adapter(
     since(server.stamp()?, at)
 }
 
+/// The same time for the HTTP client alone: to the first body piece `Response::chunk` returns.
+pub async fn first_piece_via_reqwest(
+    client: &reqwest::Client,
+    server: &FirstByteServer,
+    answer: &Answer,
+) -> Result<Duration, String> {
+    let bad = |e: reqwest::Error| format!("reqwest alone, {}: {e}", answer.wire);
+    let mut response = post(client, &server.base_url(), answer.wire).await?;
+    let mut bytes = match response.chunk().await.map_err(bad)? {
+        Some(piece) => piece.len(),
+        None => return Err(format!("reqwest alone, {}: an empty body", answer.wire)),
+    };
+    let at = Instant::now();
+    while let Some(piece) = response.chunk().await.map_err(bad)? {
+        bytes += piece.len();
+    }
+    if bytes != answer.bytes.len() {
+        return Err(format!(
+            "reqwest alone, {}: {bytes} bytes read of {}",
+            answer.wire,
+            answer.bytes.len()
+        ));
+    }
+    since(server.stamp()?, at)
+}
+
 /// The same time for a bare TCP read: from the first body byte's write to the read that returns
 /// it (or the head with it, should they come together).
 pub async fn first_byte_raw(server: &FirstByteServer, answer: &Answer) -> Result<Duration, String> {
@@ -804,6 +930,8 @@ fn since(written: Instant, read: Instant) -> Result<Duration, String> {
 pub struct Latency {
     /// `HttpModel` on the current-thread runtime, sorted.
     pub adapter: Vec<Duration>,
+    /// The HTTP client alone, sorted.
+    pub client: Vec<Duration>,
     /// The raw TCP read, sorted.
     pub raw: Vec<Duration>,
     /// The in-memory decode of the first write's bytes to the first chunk: the mean of many.
@@ -835,18 +963,26 @@ pub fn latency(
         .map_err(|e| format!("the {wire} client does not build: {e}"))?;
     const WARM_UP: usize = 3;
     let mut adapter = Vec::with_capacity(runs);
+    let mut client = Vec::with_capacity(runs);
     let mut raw = Vec::with_capacity(runs);
+    let http = http_client()?;
+    // Interleaved, so that whatever else the machine does falls on every path alike.
     for i in 0..runs.max(1) + WARM_UP {
         let a = rt
             .current
             .block_on(first_chunk_via_adapter(&model, &server, &answer))?;
+        let c = rt
+            .current
+            .block_on(first_piece_via_reqwest(&http, &server, &answer))?;
         let r = rt.current.block_on(first_byte_raw(&server, &answer))?;
         if i >= WARM_UP {
             adapter.push(a);
+            client.push(c);
             raw.push(r);
         }
     }
     adapter.sort();
+    client.sort();
     raw.sort();
     let first = &answer.bytes[..answer.first];
     let mut out = Vec::new();
@@ -865,6 +1001,7 @@ pub fn latency(
     check?;
     Ok(Latency {
         adapter,
+        client,
         raw,
         decode,
     })
@@ -945,11 +1082,36 @@ pub fn throughput_rows(wire: Wire, deltas: usize, t: &Throughput) -> Vec<Row> {
                     per_sec(t.decode.chunks, t.decode.elapsed),
                 ),
                 (
+                    "reqwest alone, no decoding",
+                    per_sec(chunks, t.client.elapsed),
+                ),
+                (
                     "HttpModel on a 2-worker runtime",
                     per_sec(t.adapter_multi.chunks, t.adapter_multi.elapsed),
                 ),
             ],
             target: Some(("≥ 200k chunks/s".into(), adapter >= TARGET_CHUNKS_PER_SEC)),
+            higher_is_better: true,
+        },
+        Row {
+            figure: format!(
+                "{wire}: chunks per CPU-second of the consuming thread, {deltas} deltas \
+                 (current-thread runtime)"
+            ),
+            unit: "chunks/s",
+            lineage: per_sec(chunks, t.adapter.cpu),
+            others: vec![
+                (
+                    "raw TCP read of the same bytes (floor)",
+                    per_sec(chunks, t.raw.cpu),
+                ),
+                (
+                    "in-memory decode (AnswerReader)",
+                    per_sec(t.decode.chunks, t.decode.cpu),
+                ),
+                ("reqwest alone, no decoding", per_sec(chunks, t.client.cpu)),
+            ],
+            target: None,
             higher_is_better: true,
         },
         Row {
@@ -960,6 +1122,10 @@ pub fn throughput_rows(wire: Wire, deltas: usize, t: &Throughput) -> Vec<Row> {
                 (
                     "raw TCP read (floor)",
                     mb_per_sec(t.raw.bytes, t.raw.elapsed),
+                ),
+                (
+                    "reqwest alone, no decoding",
+                    mb_per_sec(t.client.bytes, t.client.elapsed),
                 ),
                 (
                     "in-memory decode (AnswerReader)",
@@ -1005,6 +1171,10 @@ pub fn latency_rows(wire: Wire, l: &Latency) -> Vec<Row> {
             lineage: micros(quantile(&l.adapter, 0.5)),
             others: vec![
                 ("raw TCP read of the byte", micros(quantile(&l.raw, 0.5))),
+                (
+                    "reqwest alone, first body piece",
+                    micros(quantile(&l.client, 0.5)),
+                ),
                 ("in-memory decode (mean)", micros(l.decode)),
             ],
             target: None,
@@ -1014,7 +1184,13 @@ pub fn latency_rows(wire: Wire, l: &Latency) -> Vec<Row> {
             figure: format!("{wire}: first body byte → first chunk, p99 of {runs}"),
             unit: "µs",
             lineage: micros(quantile(&l.adapter, 0.99)),
-            others: vec![("raw TCP read of the byte", micros(quantile(&l.raw, 0.99)))],
+            others: vec![
+                ("raw TCP read of the byte", micros(quantile(&l.raw, 0.99))),
+                (
+                    "reqwest alone, first body piece",
+                    micros(quantile(&l.client, 0.99)),
+                ),
+            ],
             target: None,
             higher_is_better: false,
         },
@@ -1033,12 +1209,18 @@ pub fn answer_json(answer: &Answer, t: &Throughput, l: &Latency, split: &DecodeS
         "bytes_per_delta": answer.bytes.len() as f64 / answer.deltas.max(1) as f64,
         "chunks": t.adapter.chunks,
         "adapter_ms": t.adapter.elapsed.as_secs_f64() * 1e3,
+        "adapter_cpu_ms": t.adapter.cpu.as_secs_f64() * 1e3,
+        "raw_read_cpu_ms": t.raw.cpu.as_secs_f64() * 1e3,
+        "decode_cpu_ms": t.decode.cpu.as_secs_f64() * 1e3,
         "adapter_multi_thread_ms": t.adapter_multi.elapsed.as_secs_f64() * 1e3,
         "raw_read_ms": t.raw.elapsed.as_secs_f64() * 1e3,
+        "reqwest_alone_ms": t.client.elapsed.as_secs_f64() * 1e3,
+        "reqwest_alone_cpu_ms": t.client.cpu.as_secs_f64() * 1e3,
         "decode_ms": t.decode.elapsed.as_secs_f64() * 1e3,
         "first_write_bytes": answer.first,
         "first_chunk_us": l.adapter.iter().map(|d| micros(*d)).collect::<Vec<_>>(),
         "first_byte_raw_us": l.raw.iter().map(|d| micros(*d)).collect::<Vec<_>>(),
+        "first_piece_reqwest_us": l.client.iter().map(|d| micros(*d)).collect::<Vec<_>>(),
     })
 }
 
@@ -1145,9 +1327,13 @@ mod tests {
             }
             assert_eq!(t.adapter.chunks, t.decode.chunks, "{wire}");
             let l = latency(&rt, answer(wire, 300), 3, Duration::ZERO).expect("latency");
-            assert_eq!((l.adapter.len(), l.raw.len()), (3, 3), "{wire}");
+            assert_eq!(
+                (l.adapter.len(), l.client.len(), l.raw.len()),
+                (3, 3, 3),
+                "{wire}"
+            );
             let rows = [throughput_rows(wire, 300, &t), latency_rows(wire, &l)].concat();
-            assert_eq!(rows.len(), 4, "{wire}");
+            assert_eq!(rows.len(), 5, "{wire}");
             assert!(table(&rows).contains("≥ 200k chunks/s"), "{wire}");
         }
     }

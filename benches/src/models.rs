@@ -604,6 +604,7 @@ pub fn decode(answer: &Answer, piece: usize) -> Result<Read, String> {
 /// Where the in-memory decode's time goes, measured from outside the adapter crate: the
 /// event-stream framing alone, and the framing with every event's data parsed as a JSON value
 /// (what a translator starts from). The rest of the decode is the translation into chunks.
+/// Times are the thread's CPU time where the system says it (as [`Read::cpu`]), else wall time.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeSplit {
     /// `sse::Decoder` over the answer, fed in [`DECODE_PIECE`] pieces.
@@ -616,7 +617,9 @@ pub struct DecodeSplit {
 
 /// Times the parts of the in-memory decode of `answer`: the median of `runs`.
 pub fn decode_split(answer: &Answer, runs: usize) -> Result<DecodeSplit, String> {
+    // Each pass is timed on the thread's CPU clock where there is one, as the decode is.
     let pass = |parse: bool| -> Result<(Duration, usize), String> {
+        let cpu = thread_cpu();
         let start = Instant::now();
         let mut decoder = lineage_models::sse::Decoder::new();
         let mut events = 0;
@@ -635,7 +638,11 @@ pub fn decode_split(answer: &Answer, runs: usize) -> Result<DecodeSplit, String>
                 }
             }
         }
-        Ok((start.elapsed(), events))
+        let elapsed = start.elapsed();
+        match (cpu, thread_cpu()) {
+            (Some(before), Some(after)) => Ok((after.saturating_sub(before), events)),
+            _ => Ok((elapsed, events)),
+        }
     };
     let timed = |parse: bool| -> Result<(Duration, usize), String> {
         let mut samples = (0..runs.max(1))
@@ -739,11 +746,14 @@ pub fn throughput(rt: &Runtimes, answer: Answer, runs: usize) -> Result<Throughp
 
 /// A server for the latency runs: it answers each connection with the response head, waits
 /// `pause` (so the head has been read and the client waits for the body), takes an `Instant`
-/// and at once writes the events up to the first text delta, then the rest. Every instant is
-/// sent on `stamps`, one per connection, in order.
+/// and at once writes the events up to the first text delta. It writes the rest once the client
+/// says it has the first chunk ([`FirstByteServer::go`]), as a real stream's next tokens come
+/// later: otherwise one read could carry the whole answer, and the first chunk would wait for
+/// all of it to be decoded. Every instant is sent on `stamps`, one per connection, in order.
 pub struct FirstByteServer {
     addr: SocketAddr,
     stamps: mpsc::Receiver<Instant>,
+    go: tokio::sync::mpsc::UnboundedSender<()>,
     task: JoinHandle<()>,
 }
 
@@ -753,13 +763,25 @@ impl FirstByteServer {
         let listener = rt.block_on(TcpListener::bind(("127.0.0.1", 0)))?;
         let addr = listener.local_addr()?;
         let (tx, stamps) = mpsc::channel();
+        let (go, mut went) = tokio::sync::mpsc::unbounded_channel();
         let task = rt.spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 // A connection that fails is the client's to report: its read fails.
-                let _ = serve_first(stream, &answer, pause, &tx).await;
+                let _ = serve_first(stream, &answer, pause, &tx, &mut went).await;
             }
         });
-        Ok(FirstByteServer { addr, stamps, task })
+        Ok(FirstByteServer {
+            addr,
+            stamps,
+            go,
+            task,
+        })
+    }
+
+    /// Tells the server the first chunk is in: it writes the rest of the answer.
+    pub fn go(&self) {
+        // The server task outlives its handle's calls; a send to a stopped one has no reader.
+        let _ = self.go.send(());
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -786,6 +808,7 @@ async fn serve_first(
     answer: &Answer,
     pause: Duration,
     stamps: &mpsc::Sender<Instant>,
+    went: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     // The request: its head, then its content-length body, both discarded.
@@ -822,11 +845,17 @@ connection: close\r\n\r\n",
         )
         .await?;
     stream.flush().await?;
-    tokio::time::sleep(pause).await;
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
+    // A word meant for an earlier connection (whose client failed before it read) is stale.
+    while went.try_recv().is_ok() {}
     let start = Instant::now();
     stream.write_all(&answer.bytes[..answer.first]).await?;
     // The receiver outlives every connection it is told about.
     let _ = stamps.send(start);
+    // A client that fails before its first chunk never says so: the rest goes after a while.
+    let _ = tokio::time::timeout(Duration::from_secs(5), went.recv()).await;
     stream.write_all(&answer.bytes[answer.first..]).await?;
     stream.shutdown().await
 }
@@ -842,6 +871,7 @@ pub async fn first_chunk_via_adapter(
     let mut tally = Tally::default();
     let first = stream.next().await;
     let at = Instant::now();
+    server.go();
     match first {
         Some(Ok(chunk)) => tally.take(&chunk),
         Some(Err(e)) => return Err(failed("HttpModel", answer.wire, &e)),
@@ -862,11 +892,13 @@ pub async fn first_piece_via_reqwest(
 ) -> Result<Duration, String> {
     let bad = |e: reqwest::Error| format!("reqwest alone, {}: {e}", answer.wire);
     let mut response = post(client, &server.base_url(), answer.wire).await?;
-    let mut bytes = match response.chunk().await.map_err(bad)? {
+    let first = response.chunk().await.map_err(bad)?;
+    let at = Instant::now();
+    server.go();
+    let mut bytes = match first {
         Some(piece) => piece.len(),
         None => return Err(format!("reqwest alone, {}: an empty body", answer.wire)),
     };
-    let at = Instant::now();
     while let Some(piece) = response.chunk().await.map_err(bad)? {
         bytes += piece.len();
     }
@@ -907,6 +939,7 @@ pub async fn first_byte_raw(server: &FirstByteServer, answer: &Answer) -> Result
             break at;
         }
     };
+    server.go();
     stream.read_to_end(&mut bytes).await.map_err(io)?;
     if !bytes.ends_with(&answer.bytes) {
         return Err(format!(
@@ -1141,16 +1174,43 @@ pub fn throughput_rows(wire: Wire, deltas: usize, t: &Throughput) -> Vec<Row> {
 /// The row of where the in-memory decode's time goes, for one wire format.
 pub fn split_row(wire: Wire, deltas: usize, decode: &Read, split: &DecodeSplit) -> Row {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let whole = if decode.cpu.is_zero() {
+        decode.elapsed
+    } else {
+        decode.cpu
+    };
     Row {
-        figure: format!("{wire}: in-memory decode of {deltas} deltas, and its parts"),
+        figure: format!("{wire}: in-memory decode of {deltas} deltas (CPU time), and its parts"),
         unit: "ms",
-        lineage: ms(decode.elapsed),
+        lineage: ms(whole),
         others: vec![
             ("event-stream framing alone", ms(split.framing)),
             (
                 "framing + each event's JSON parsed",
                 ms(split.framing_and_json),
             ),
+        ],
+        target: None,
+        higher_is_better: false,
+    }
+}
+
+/// The row of where one chunk's CPU time goes on the current-thread runtime, in nanoseconds per
+/// chunk: the whole adapter, the in-memory decode and its framing, the HTTP client alone, and
+/// what is left (the adapter's own machinery: the body's copy, the chunk queue, the stream).
+pub fn per_chunk_row(wire: Wire, t: &Throughput, split: &DecodeSplit) -> Row {
+    let chunks = t.adapter.chunks.max(1) as f64;
+    let ns = |d: Duration| d.as_secs_f64() * 1e9 / chunks;
+    let rest = ns(t.adapter.cpu) - ns(t.decode.cpu) - ns(t.client.cpu);
+    Row {
+        figure: format!("{wire}: CPU time per chunk, and its parts"),
+        unit: "ns",
+        lineage: ns(t.adapter.cpu),
+        others: vec![
+            ("in-memory decode", ns(t.decode.cpu)),
+            ("of which event-stream framing", ns(split.framing)),
+            ("reqwest alone", ns(t.client.cpu)),
+            ("the rest: the adapter's own machinery", rest.max(0.0)),
         ],
         target: None,
         higher_is_better: false,

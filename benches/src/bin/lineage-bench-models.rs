@@ -99,6 +99,7 @@ fn run(config: &Config) -> Result<(Vec<Row>, Vec<Value>), String> {
             &throughput.decode,
             &split,
         ));
+        rows.push(models::per_chunk_row(wire, &throughput, &split));
         answers.push(models::answer_json(&answer, &throughput, &latency, &split));
     }
     Ok((rows, answers))

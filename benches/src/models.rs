@@ -3,20 +3,25 @@
 //!
 //! - **throughput**: an answer of many short text deltas, served in large writes by the loopback
 //!   server and consumed through `HttpModel::stream`, against a raw TCP read of the same bytes
-//!   from the same server (no HTTP parsing, no decoding: the physical floor) and the in-memory
-//!   decode of the same bytes by an `AnswerReader` (no socket);
+//!   from the same server (no HTTP parsing, no decoding: the physical floor), the HTTP client
+//!   alone reading the same body (reqwest, as the adapter builds it, no decoding) and the
+//!   in-memory decode of the same bytes by an `AnswerReader` (no socket). Each is timed on the
+//!   wall clock and on the consuming thread's CPU clock (on a shared machine, the cost that other
+//!   processes' time does not inflate), and the decode is split into the event-stream framing and
+//!   the JSON parse of each event from outside the adapter crate;
 //! - **first-chunk latency**: the time from the server's first body byte to the first chunk
-//!   reaching the consumer, against the same time for a raw TCP read and the in-memory decode of
-//!   the first events. A bench-local server takes an `Instant` just before it writes the first
-//!   body byte (same process, so the instants compare).
+//!   reaching the consumer, against the same time for a raw TCP read, for the HTTP client's
+//!   first body piece, and the in-memory decode of the first events. A bench-local server takes
+//!   an `Instant` just before it writes the first body byte (same process, so the instants
+//!   compare).
 //!
 //! The servers run on a runtime of their own (one worker thread), as a separate process would.
 //! The consumer runs on a current-thread runtime for the main figures: the turn loop polls one
 //! model stream from one task, and on one thread the adapter's connection task and its consumer
-//! take turns with no cross-thread wake-up, so the figure is the adapter's own cost per chunk. The
-//! same answer is also consumed by a task on a two-worker multi-thread runtime (what a host on
-//! `#[tokio::main]` runs), where the connection task and the consumer may sit on different
-//! threads.
+//! take turns with no cross-thread wake-up, so the figure is the adapter's own cost per chunk
+//! (and the thread's CPU clock covers all of the client's work). The same answer is also
+//! consumed by a task on a two-worker multi-thread runtime (what a host on `#[tokio::main]`
+//! runs), where the connection task and the consumer may sit on different threads.
 
 use std::io;
 use std::net::SocketAddr;

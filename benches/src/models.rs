@@ -370,24 +370,36 @@ pub struct Read {
     /// How long the calling thread was on a CPU meanwhile (zero where the system does not say):
     /// on a shared machine, the cost that does not count the time other processes took.
     pub cpu: Duration,
+    /// How long the calling thread was ready to run but waiting for a CPU meanwhile (zero where
+    /// the system does not say): the part of the wall time that other processes took.
+    pub waiting_for_cpu: Duration,
 }
 
 /// The time the calling thread has spent on a CPU, from `/proc/thread-self/schedstat` (in
 /// nanoseconds), where the system provides it.
 pub fn thread_cpu() -> Option<Duration> {
-    // The running thread's figure is brought up to date when it yields.
+    thread_sched().map(|(cpu, _)| cpu)
+}
+
+/// The calling thread's time on a CPU and its time ready but waiting for one, from
+/// `/proc/thread-self/schedstat` (in nanoseconds), where the system provides it.
+fn thread_sched() -> Option<(Duration, Duration)> {
+    // The running thread's figures are brought up to date when it yields.
     std::thread::yield_now();
     let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(ns))
+    let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().ok());
+    let cpu = fields.next()??;
+    let waiting = fields.next()??;
+    Some((Duration::from_nanos(cpu), Duration::from_nanos(waiting)))
 }
 
 /// Runs `f` and adds the calling thread's CPU time meanwhile to its read.
 fn on_cpu(f: impl FnOnce() -> Result<Read, String>) -> Result<Read, String> {
-    let before = thread_cpu();
+    let before = thread_sched();
     let mut read = f()?;
-    if let (Some(before), Some(after)) = (before, thread_cpu()) {
-        read.cpu = after.saturating_sub(before);
+    if let (Some(before), Some(after)) = (before, thread_sched()) {
+        read.cpu = after.0.saturating_sub(before.0);
+        read.waiting_for_cpu = after.1.saturating_sub(before.1);
     }
     Ok(read)
 }
@@ -474,6 +486,7 @@ pub async fn via_adapter(model: HttpModel, answer: Arc<Answer>) -> Result<Read, 
         bytes: answer.bytes.len(),
         elapsed,
         cpu: Duration::ZERO,
+        waiting_for_cpu: Duration::ZERO,
     })
 }
 
@@ -534,6 +547,7 @@ pub async fn via_reqwest(
         bytes,
         elapsed,
         cpu: Duration::ZERO,
+        waiting_for_cpu: Duration::ZERO,
     })
 }
 
@@ -573,6 +587,7 @@ pub async fn raw_read(addr: SocketAddr, answer: Arc<Answer>) -> Result<Read, Str
         bytes: bytes.len(),
         elapsed,
         cpu: Duration::ZERO,
+        waiting_for_cpu: Duration::ZERO,
     })
 }
 
@@ -603,6 +618,7 @@ pub fn decode(answer: &Answer, piece: usize) -> Result<Read, String> {
         bytes: answer.bytes.len(),
         elapsed,
         cpu: Duration::ZERO,
+        waiting_for_cpu: Duration::ZERO,
     })
 }
 
@@ -1275,6 +1291,7 @@ pub fn answer_json(answer: &Answer, t: &Throughput, l: &Latency, split: &DecodeS
         "chunks": t.adapter.chunks,
         "adapter_ms": t.adapter.elapsed.as_secs_f64() * 1e3,
         "adapter_cpu_ms": t.adapter.cpu.as_secs_f64() * 1e3,
+        "adapter_waiting_for_cpu_ms": t.adapter.waiting_for_cpu.as_secs_f64() * 1e3,
         "raw_read_cpu_ms": t.raw.cpu.as_secs_f64() * 1e3,
         "decode_cpu_ms": t.decode.cpu.as_secs_f64() * 1e3,
         "adapter_multi_thread_ms": t.adapter_multi.elapsed.as_secs_f64() * 1e3,

@@ -9,6 +9,7 @@
 //! - [`limits`]: (a) decode and digest the same records from one in-memory buffer; (b) the floor:
 //!   read the bytes from the page cache, hash them in bulk and split the frames without decoding.
 //! - [`measure`]: timing and peak resident memory.
+//! - [`report`]: comparison rows, the table and the JSON both benchmark binaries write.
 //! - [`models`]: the model adapters over real sockets against a raw read and the in-memory
 //!   decode (the `lineage-bench-models` binary).
 
@@ -19,4 +20,5 @@ pub mod jsonl;
 pub mod limits;
 pub mod measure;
 pub mod models;
+pub mod report;
 pub mod sqlite;

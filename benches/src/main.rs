@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use lineage_bench::fixture::{Fixture, file_size};
 use lineage_bench::measure::{peak_rss_bytes, time, time_per_call};
+use lineage_bench::report::{Row, machine, table, write_json};
 use lineage_bench::{jsonl, limits, sqlite};
 use lineage_log::{Digest, Encoder, Event, ForkSpec, Header, SessionId, SessionLineage};
 use lineage_store::{Store, StoreOptions};
@@ -64,43 +65,6 @@ fn parse_args() -> Result<Config, String> {
     Ok(config)
 }
 
-/// One line of the comparison: a figure for Lineage and each contender measured in the same run.
-struct Row {
-    figure: String,
-    unit: &'static str,
-    lineage: f64,
-    others: Vec<(&'static str, f64)>,
-    /// The target, as text, and whether Lineage meets it.
-    target: Option<(String, bool)>,
-    /// Whether a larger value is better (throughput) or a smaller one (time, bytes).
-    higher_is_better: bool,
-}
-
-impl Row {
-    fn time(figure: String, lineage: Duration, others: Vec<(&'static str, Duration)>) -> Row {
-        Row {
-            figure,
-            unit: "ms",
-            lineage: lineage.as_secs_f64() * 1e3,
-            others: others
-                .into_iter()
-                .map(|(n, d)| (n, d.as_secs_f64() * 1e3))
-                .collect(),
-            target: None,
-            higher_is_better: false,
-        }
-    }
-
-    /// How many times better Lineage is than `other` (above 1: Lineage wins).
-    fn advantage(&self, other: f64) -> f64 {
-        if self.higher_is_better {
-            self.lineage / other
-        } else {
-            other / self.lineage
-        }
-    }
-}
-
 fn main() {
     if run_child() {
         return;
@@ -128,22 +92,13 @@ fn main() {
     measure_append(config.quick, &mut rows);
     measure_listing(config.quick, &mut rows);
 
-    print_table(&rows);
+    print!("{}", table(&rows, "Lineage"));
     let json = json!({
         "machine": machine(),
-        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+        "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "bytes_by_kind": kinds,
     });
-    if let Some(parent) = config.json.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    match std::fs::write(
-        &config.json,
-        serde_json::to_string_pretty(&json).expect("json"),
-    ) {
-        Ok(()) => eprintln!("wrote {}", config.json.display()),
-        Err(e) => eprintln!("could not write {}: {e}", config.json.display()),
-    }
+    write_json(&config.json, &json);
 }
 
 fn label(size: usize) -> String {
@@ -656,71 +611,4 @@ fn measure_listing(quick: bool, rows: &mut Vec<Row>) {
         target: None,
         higher_is_better: false,
     });
-}
-
-fn fmt_value(v: f64) -> String {
-    if v >= 100_000.0 {
-        format!("{:.0}k", v / 1e3)
-    } else if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    }
-}
-
-fn print_table(rows: &[Row]) {
-    println!("| figure | unit | Lineage | contenders (value, Lineage's advantage) | target |");
-    println!("|---|---|---|---|---|");
-    for row in rows {
-        let others = row
-            .others
-            .iter()
-            .map(|(name, v)| format!("{name}: {} ({:.2}×)", fmt_value(*v), row.advantage(*v)))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let target = match &row.target {
-            Some((text, true)) => format!("{text}: met"),
-            Some((text, false)) => format!("{text}: **missed**"),
-            None => String::new(),
-        };
-        println!(
-            "| {} | {} | {} | {} | {} |",
-            row.figure,
-            row.unit,
-            fmt_value(row.lineage),
-            others,
-            target
-        );
-    }
-}
-
-fn row_json(row: &Row) -> Value {
-    json!({
-        "figure": row.figure,
-        "unit": row.unit,
-        "lineage": row.lineage,
-        "higher_is_better": row.higher_is_better,
-        "contenders": row.others.iter().map(|(name, v)| json!({
-            "name": name, "value": v, "lineage_advantage": row.advantage(*v),
-        })).collect::<Vec<_>>(),
-        "target": row.target.as_ref().map(|(t, ok)| json!({"text": t, "met": ok})),
-    })
-}
-
-fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_default();
-    json!({
-        "cpu": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-    })
 }

@@ -24,6 +24,8 @@
 //! runs), where the connection task and the consumer may sit on different threads.
 
 use std::io;
+
+use crate::report::Row;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -1061,49 +1063,6 @@ pub fn latency(
     })
 }
 
-/// One line of the comparison: a figure for the adapter and each baseline measured in the same
-/// run (the store benchmark's `Row`, with the same JSON shape).
-#[derive(Clone, Debug)]
-pub struct Row {
-    /// What is measured.
-    pub figure: String,
-    /// Its unit.
-    pub unit: &'static str,
-    /// The adapter's value.
-    pub lineage: f64,
-    /// Each baseline's value.
-    pub others: Vec<(&'static str, f64)>,
-    /// The target, as text, and whether the adapter meets it.
-    pub target: Option<(String, bool)>,
-    /// Whether a larger value is better (throughput) or a smaller one (time).
-    pub higher_is_better: bool,
-}
-
-impl Row {
-    /// How many times better the adapter is than `other` (below 1: the baseline is better).
-    pub fn advantage(&self, other: f64) -> f64 {
-        if self.higher_is_better {
-            self.lineage / other
-        } else {
-            other / self.lineage
-        }
-    }
-
-    /// The row as JSON, in the store benchmark's shape.
-    pub fn json(&self) -> Value {
-        json!({
-            "figure": self.figure,
-            "unit": self.unit,
-            "lineage": self.lineage,
-            "higher_is_better": self.higher_is_better,
-            "contenders": self.others.iter().map(|(name, v)| json!({
-                "name": name, "value": v, "lineage_advantage": self.advantage(*v),
-            })).collect::<Vec<_>>(),
-            "target": self.target.as_ref().map(|(t, ok)| json!({"text": t, "met": ok})),
-        })
-    }
-}
-
 /// The chunks-per-second target of every adapter.
 pub const TARGET_CHUNKS_PER_SEC: f64 = 200_000.0;
 
@@ -1306,48 +1265,6 @@ pub fn answer_json(answer: &Answer, t: &Throughput, l: &Latency, split: &DecodeS
     })
 }
 
-fn fmt_value(v: f64) -> String {
-    if v >= 100_000.0 {
-        format!("{:.0}k", v / 1e3)
-    } else if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    }
-}
-
-/// The comparison as a Markdown table.
-pub fn table(rows: &[Row]) -> String {
-    let mut out = String::from(
-        "| figure | unit | HttpModel | baselines (value, HttpModel's advantage) | target |\n\
-         |---|---|---|---|---|\n",
-    );
-    for row in rows {
-        let others = row
-            .others
-            .iter()
-            .map(|(name, v)| format!("{name}: {} ({:.2}×)", fmt_value(*v), row.advantage(*v)))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let target = match &row.target {
-            Some((text, true)) => format!("{text}: met"),
-            Some((text, false)) => format!("{text}: **missed**"),
-            None => String::new(),
-        };
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
-            row.figure,
-            row.unit,
-            fmt_value(row.lineage),
-            others,
-            target
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1416,7 +1333,10 @@ mod tests {
             );
             let rows = [throughput_rows(wire, 300, &t), latency_rows(wire, &l)].concat();
             assert_eq!(rows.len(), 5, "{wire}");
-            assert!(table(&rows).contains("≥ 200k chunks/s"), "{wire}");
+            assert!(
+                crate::report::table(&rows, "HttpModel").contains("≥ 200k chunks/s"),
+                "{wire}"
+            );
         }
     }
 

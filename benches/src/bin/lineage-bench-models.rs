@@ -13,7 +13,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lineage_bench::models::{self, Row, Runtimes};
+use lineage_bench::models::{self, Runtimes};
+use lineage_bench::report::{Row, machine, table, write_json};
 use lineage_models::Wire;
 use serde_json::{Value, json};
 
@@ -120,7 +121,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    print!("{}", models::table(&rows));
+    print!("{}", table(&rows, "HttpModel"));
     let json = json!({
         "machine": machine(),
         "runtime": "consumer on a current-thread runtime (and a 2-worker multi-thread one where \
@@ -130,29 +131,5 @@ fn main() {
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "answers": answers,
     });
-    if let Some(parent) = config.json.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let text =
-        serde_json::to_string_pretty(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
-    match std::fs::write(&config.json, text) {
-        Ok(()) => eprintln!("wrote {}", config.json.display()),
-        Err(e) => eprintln!("could not write {}: {e}", config.json.display()),
-    }
-}
-
-fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_default();
-    json!({
-        "cpu": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-    })
+    write_json(&config.json, &json);
 }

@@ -77,18 +77,24 @@ impl Model for HttpModel {
             queue: VecDeque::new(),
             produced: false,
         };
-        Box::pin(futures_util::stream::unfold(
+        // Fused: polling the stream again after its end yields `None` instead of panicking.
+        Box::pin(futures_util::StreamExt::fuse(futures_util::stream::unfold(
             answer,
             |mut answer| async move {
                 let item = answer.next().await?;
                 Some((item, answer))
             },
-        ))
+        )))
     }
 }
 
 fn client(endpoint: &Endpoint) -> Result<reqwest::Client, ConfigError> {
-    let builder = reqwest::Client::builder().connect_timeout(endpoint.connect_timeout);
+    // No redirects: a model endpoint has no reason to send one, and following it would carry
+    // the key (reqwest drops `authorization` across hosts, but not `x-api-key`) wherever it
+    // points. A 3xx is a failure like any other status.
+    let builder = reqwest::Client::builder()
+        .connect_timeout(endpoint.connect_timeout)
+        .redirect(reqwest::redirect::Policy::none());
     #[cfg(feature = "tls")]
     let builder = builder.tls_backend_preconfigured(tls_config(endpoint)?);
     builder.build().map_err(|e| ConfigError::Client {
@@ -223,6 +229,7 @@ impl Answer {
     /// Ends the attempt with `error`: waits and retries when nothing was produced and the policy
     /// allows; otherwise queues the failure as the stream's last item.
     async fn fail(&mut self, error: ModelError) {
+        let error = self.redacted(error);
         match self.retry_delay(&error) {
             Some(delay) => {
                 tracing::debug!(
@@ -243,6 +250,26 @@ impl Answer {
             }
             None => self.queue.push_back(Err(error)),
         }
+    }
+
+    /// `error` with the key taken out of its wording: some services quote the key they refused,
+    /// in an error response or in an error event mid-stream, and every failure passes here on
+    /// its way to the turn's stored error.
+    fn redacted(&self, mut error: ModelError) -> ModelError {
+        let Some(key) = self.model.endpoint.api_key.as_ref() else {
+            return error;
+        };
+        let key = key.expose();
+        if key.is_empty() {
+            return error;
+        }
+        if error.message.contains(key) {
+            error.message = error.message.replace(key, "<redacted>").into();
+        }
+        if let Some(id) = error.request_id.as_ref().filter(|id| id.contains(key)) {
+            error.request_id = Some(id.replace(key, "<redacted>").into());
+        }
+        error
     }
 
     /// How long to wait before retrying after `error`, or `None` when it is final.
@@ -282,10 +309,31 @@ impl Answer {
                 Ok(Ok(response)) => response,
             },
         };
-        if response.status().is_success() {
-            return Ok(response);
+        if !response.status().is_success() {
+            return Err(self.refusal(response).await);
         }
-        Err(self.refusal(response).await)
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !content_type
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream")
+        {
+            // A JSON or HTML answer where a stream was asked for: a server that ignored
+            // `stream: true`, or a gateway's own page. Say so, rather than "closed early".
+            return Err(ModelError::new(
+                failure::BAD_RESPONSE,
+                format!(
+                    "endpoint {} answered {} with content type {:?}, not an event stream",
+                    model.endpoint.name,
+                    response.status().as_u16(),
+                    content_type
+                ),
+            ));
+        }
+        Ok(response)
     }
 
     /// The failure an error response stands for.
@@ -312,17 +360,7 @@ impl Answer {
             &String::from_utf8_lossy(&body),
             SystemTime::now(),
         );
-        let mut wording = classified.message;
-        // Some services quote the key they refused; it goes no further than this.
-        if let Some(key) = self
-            .model
-            .endpoint
-            .api_key
-            .as_ref()
-            .filter(|k| !k.expose().is_empty())
-        {
-            wording = wording.replace(key.expose(), "<redacted>");
-        }
+        let wording = classified.message;
         ModelError {
             code: classified.code.into(),
             message: format!(
@@ -389,10 +427,22 @@ fn transport(endpoint: &Endpoint, error: &reqwest::Error) -> ModelError {
         format!(
             "endpoint {} at {} cannot be reached: {}",
             endpoint.name,
-            endpoint.base_url,
-            error_chain(error)
+            without_userinfo(&endpoint.base_url),
+            error_chain(error).replace(&endpoint.base_url, &without_userinfo(&endpoint.base_url))
         ),
     )
+}
+
+/// `url` without a `user:password@` part, which may hold a credential.
+fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
 }
 
 /// An error and its sources, joined: reqwest's own message alone often says only "error
@@ -411,6 +461,19 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_credentials() {
+        assert_eq!(
+            without_userinfo("https://me:s3cret@proxy.example/v1"),
+            "https://proxy.example/v1"
+        );
+        assert_eq!(
+            without_userinfo("http://127.0.0.1:8/v1/a@b"),
+            "http://127.0.0.1:8/v1/a@b"
+        );
+        assert_eq!(without_userinfo("not a url"), "not a url");
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_with_at_most_a_tenth_off() {

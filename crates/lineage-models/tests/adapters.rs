@@ -217,6 +217,22 @@ macro_rules! adapter_tests {
             }
 
             #[tokio::test(start_paused = true)]
+            async fn a_failure_event_before_the_first_chunk_is_retried_too() {
+                let server = LoopbackServer::start([
+                    Script::new().error("overloaded", "busy").reply(),
+                    script::text("second time lucky"),
+                ])
+                .await
+                .unwrap();
+                let host = Host::new(&server, WIRE);
+                let agent = host.agent(Vec::new()).await;
+                run_turn(&agent, "hi").await;
+                assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
+                assert_eq!(assistant_texts(&agent.events()), ["second time lucky"]);
+                assert_eq!(server.requests().len(), 2);
+            }
+
+            #[tokio::test(start_paused = true)]
             async fn a_stream_cut_mid_event_after_a_chunk_fails_without_a_retry() {
                 let mut body = Script::new().text("half an ans").body();
                 body.extend_from_slice(b"data: {\"trunc");

@@ -335,6 +335,7 @@ async fn cancellation_ends_a_waiting_stream_at_once_with_aborted() {
         .await
         .expect("the server sees the client close");
     assert!(stream.next().await.is_none(), "nothing after the failure");
+    assert!(stream.next().await.is_none(), "an ended stream stays ended");
 }
 
 #[tokio::test(start_paused = true)]
@@ -438,4 +439,65 @@ async fn the_environment_configures_the_chosen_endpoint_and_its_key() {
     // A choice on the command line wins over the variable.
     let (_, chosen) = Models::from_env(Some("loop:other"), env).expect("configured");
     assert_eq!(chosen.model, "other");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_redirect_is_a_failure_and_the_key_is_not_sent_on() {
+    let elsewhere = LoopbackServer::start([status(401, &[], "{}")])
+        .await
+        .unwrap();
+    let location = format!("{}/v1/messages", elsewhere.base_url());
+    let server = LoopbackServer::start([status(307, &[("location", &location)], "")])
+        .await
+        .unwrap();
+    let mut endpoint = endpoint(&server, Wire::AnthropicMessages);
+    endpoint.retry = RetryPolicy::NEVER;
+    let error = failure_of(&model(endpoint)).await;
+    assert_eq!(
+        (&*error.code, error.status),
+        ("HTTP_307", Some(307)),
+        "{error}"
+    );
+    assert!(
+        elsewhere.requests().is_empty(),
+        "the redirect was not followed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_is_not_an_event_stream_says_what_it_was() {
+    let server = LoopbackServer::start([Reply::status(200, r#"{"choices":[]}"#)])
+        .await
+        .unwrap();
+    let error = failure_of(&model(endpoint(&server, Wire::ChatCompletions))).await;
+    assert_eq!(error.code, lineage_models::failure::BAD_RESPONSE);
+    assert!(
+        error
+            .message
+            .contains("content type \"application/json\", not an event stream"),
+        "{error}"
+    );
+    assert_eq!(server.requests().len(), 1, "not retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_quoted_in_an_error_event_mid_stream_is_redacted() {
+    use lineage_testkit::loopback::chat::Script;
+    let answer = Script::new()
+        .text("partial")
+        .error("invalid_request", &format!("key {KEY} is not allowed here"));
+    let server = LoopbackServer::start([answer.reply()]).await.unwrap();
+    let items = collect(
+        model(endpoint(&server, Wire::ChatCompletions)).stream(request(&Cancellation::new())),
+    )
+    .await;
+    let error = match items.last() {
+        Some(Err(error)) => error,
+        other => panic!("expected a failure last, got {other:?}"),
+    };
+    assert!(
+        error.message.contains("key <redacted> is not allowed"),
+        "{error}"
+    );
+    assert!(!format!("{error:?}").contains(KEY));
 }

@@ -108,8 +108,10 @@ LINEAGE_API_KEY_VAR names).
 One prompt runs until the root agent and every child it started are quiet: each child's
 settlement notice is delivered to the root as a further turn, at most 16 root turns per prompt
 (past that, no agent asks the model again and the prompt fails). Ctrl-C cancels the running turn
-and interrupts the children; a second Ctrl-C exits, the store flushed. Exit 0 when the prompt's turns completed, 1 when one failed (the error's code and
-message on stderr), 2 on bad arguments or configuration, 130 after Ctrl-C.";
+and interrupts the children (their notices wait for the next prompt); a second Ctrl-C exits, the
+store flushed, and one more during that shutdown exits at once. Exit 0 when the prompt's turns
+completed, 1 when one failed (the error's code and message on stderr), 2 on bad arguments or
+configuration, 130 after Ctrl-C.";
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]

@@ -100,11 +100,19 @@ impl Hooks for Gate {
     fn pre_step(&self, step: PreStep) -> BoxFuture<'_, Result<PreStepDecision, HookError>> {
         let enter = self.brake.decide(step.step, self.counts_turns);
         Box::pin(async move {
-            Ok(if enter {
-                PreStepDecision::Enter(step.messages)
-            } else {
-                PreStepDecision::Reject
-            })
+            match (enter, self.counts_turns) {
+                (true, _) => Ok(PreStepDecision::Enter(step.messages)),
+                // The root's input (its children's notices, mostly) is not refused but parked:
+                // a failed hook puts the claimed input back for the next wake, so the next
+                // prompt (or a resume) still hears how each child ended.
+                (false, true) => Err(HookError::new(
+                    "this prompt's work was stopped (Ctrl-C, or the bound of root turns); \
+                     its input waits for the next prompt",
+                )),
+                // A child being wound down gives up its step; its settlement notice still
+                // reaches the root.
+                (false, false) => Ok(PreStepDecision::Reject),
+            }
         })
     }
 }

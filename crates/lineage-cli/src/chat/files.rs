@@ -151,7 +151,10 @@ impl Root {
             ));
         }
         let io = |e: std::io::Error| Refusal::new("IO", format!("listing {relative:?}: {e}"));
-        let mut entries = Vec::new();
+        // The first entries in sorted order, kept in a bounded heap: a huge directory costs
+        // its walk, not its size in memory.
+        let mut kept = std::collections::BinaryHeap::with_capacity(MAX_LIST_ENTRIES + 1);
+        let mut total = 0usize;
         for entry in std::fs::read_dir(&path).map_err(io)? {
             let entry = entry.map_err(io)?;
             let mut name = entry.file_name().to_string_lossy().into_owned();
@@ -159,11 +162,14 @@ impl Root {
             if entry.path().is_dir() {
                 name.push('/');
             }
-            entries.push(name);
+            total += 1;
+            kept.push(name);
+            if kept.len() > MAX_LIST_ENTRIES {
+                kept.pop();
+            }
         }
-        entries.sort();
-        let left_off = entries.len().saturating_sub(MAX_LIST_ENTRIES);
-        entries.truncate(MAX_LIST_ENTRIES);
+        let entries = kept.into_sorted_vec();
+        let left_off = total - entries.len();
         Ok((entries, left_off))
     }
 }
@@ -218,7 +224,8 @@ impl Tool for ReadFileTool {
                     None => return bad_arguments("`offset` must be a non-negative integer"),
                 },
             };
-            match self.root.read(path, offset) {
+            let (root, path) = (self.root.clone(), path.to_owned());
+            match off_the_runtime(move || root.read(&path, offset)).await {
                 Ok((text, None)) => ToolOutput::text(text),
                 Ok((text, Some(next))) => ToolOutput::text(format!(
                     "{text}\n[truncated: {MAX_READ_BYTES} bytes shown; the file goes on, read \
@@ -275,7 +282,8 @@ impl Tool for ListDirTool {
                     None => return bad_arguments("`path` must be a string"),
                 },
             };
-            match self.root.list(path) {
+            let (root, path) = (self.root.clone(), path.to_owned());
+            match off_the_runtime(move || root.list(&path)).await {
                 Ok((entries, 0)) if entries.is_empty() => ToolOutput::text("(empty directory)"),
                 Ok((entries, 0)) => ToolOutput::text(entries.join("\n")),
                 Ok((entries, left_off)) => ToolOutput::text(format!(
@@ -286,6 +294,16 @@ impl Tool for ListDirTool {
             }
         })
     }
+}
+
+/// Runs file-system `work` on tokio's blocking pool: a slow disk or a huge directory must not
+/// stall the runtime thread that streams the model's answer and hears Ctrl-C.
+async fn off_the_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Refusal::new("IO", format!("the file work failed: {e}"))))
 }
 
 fn bad_arguments(message: &str) -> ToolOutput {

@@ -260,9 +260,7 @@ fn listen_for_ctrl_c(interrupt: mpsc::UnboundedSender<()>) {
             Ok(mut signals) => {
                 tokio::spawn(async move {
                     while signals.recv().await.is_some() {
-                        if interrupt.send(()).is_err() {
-                            break;
-                        }
+                        forward(&interrupt);
                     }
                 });
             }
@@ -272,11 +270,19 @@ fn listen_for_ctrl_c(interrupt: mpsc::UnboundedSender<()>) {
     #[cfg(not(unix))]
     tokio::spawn(async move {
         while tokio::signal::ctrl_c().await.is_ok() {
-            if interrupt.send(()).is_err() {
-                break;
-            }
+            forward(&interrupt);
         }
     });
+}
+
+/// Hands one Ctrl-C to the conversation; once it no longer listens (the chat is shutting down),
+/// a Ctrl-C ends the process at once, so a shutdown that hangs never needs a kill. The store
+/// stays sound: an unflushed tail is what crash repair is for.
+fn forward(interrupt: &mpsc::UnboundedSender<()>) {
+    if interrupt.send(()).is_err() {
+        eprintln!("lineage: interrupted while shutting down: exiting at once");
+        std::process::exit(i32::from(EXIT_INTERRUPTED));
+    }
 }
 
 /// Typed lines, read on a thread of their own (reading a terminal blocks).
@@ -405,6 +411,9 @@ impl Conversation<'_> {
                 break;
             }
         }
+        // A Ctrl-C that came as the work went quiet has nothing left to stop; left queued, it
+        // would end the next prompt, or the chat at its next prompt line.
+        while self.feed.interrupts.try_recv().is_ok() {}
         if self.brake.bound_reached() && end.stopped.is_none() {
             end.stopped = Some(Stop::Bound);
             self.printer.note(
@@ -417,10 +426,11 @@ impl Conversation<'_> {
         Ok(end)
     }
 
-    /// Cancels the root's running turn (dropping what it has queued) and interrupts every
-    /// resident child. Best effort: a child that settles meanwhile is simply gone.
+    /// Cancels the root's running turn and interrupts every resident child. What the root has
+    /// queued (its children's notices) is kept for the next prompt. Best effort: a child that
+    /// settles meanwhile is simply gone.
     fn stop_work(&self) {
-        let _ = self.root.cancel(AbortCause::User, Queued::Discard);
+        let _ = self.root.cancel(AbortCause::User, Queued::Keep);
         let authority = Authority::Ancestor(self.root.clone());
         for child in self.host.subagents.resident() {
             let _ = self.host.subagents.interrupt(child, &authority);

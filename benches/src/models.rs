@@ -494,6 +494,9 @@ pub async fn via_adapter(model: HttpModel, answer: Arc<Answer>) -> Result<Read, 
 
 /// A client as the adapter builds one, for the HTTP client alone.
 pub fn http_client() -> Result<reqwest::Client, String> {
+    // Where reqwest is built with rustls but no provider (lineage-models' `tls` feature, unified
+    // into a workspace build), its builder needs a process-wide one. Already installed is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .build()
         .map_err(|e| format!("the HTTP client does not build: {e}"))

@@ -299,7 +299,7 @@ impl DemoHost {
                     while let Ok(line) = rx.try_recv() {
                         print_line(out, &line)?;
                     }
-                    if self.host.is_quiet(lead) {
+                    if self.host.is_quiet(lead, false) {
                         return Ok(());
                     }
                     // Something is still going on: wait for its next line.

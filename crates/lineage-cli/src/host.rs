@@ -69,18 +69,20 @@ impl Host {
     }
 
     /// Whether `root` and every resident child are quiet: no child resident, and the root idle
-    /// with nothing pending, its log unchanged while this looked.
+    /// with nothing pending (or, when `parked_ok`, with input it holds for its next wake: an idle
+    /// agent with pending input has parked it, since a waking send starts a turn at once), its
+    /// log unchanged while this looked.
     ///
     /// The order matters. A child's activation is forgotten before its notice is sent to its
     /// parent, so once no child is resident every notice is already in the root's inbox; and a
     /// child can only be started by a root turn, which appends to the root's log. The log's
     /// length read first and again last catches a root turn that started a child (or a notice
     /// spliced into its inbox) between the two reads of state.
-    pub fn is_quiet(&self, root: &Agent) -> bool {
+    pub fn is_quiet(&self, root: &Agent, parked_ok: bool) -> bool {
         let before = root.with_events(<[_]>::len);
         let quiet = self.subagents.resident().is_empty()
             && root.status() == AgentStatus::Idle
-            && !root.has_pending();
+            && (parked_ok || !root.has_pending());
         quiet && root.with_events(<[_]>::len) == before
     }
 

@@ -50,6 +50,11 @@
 //!
 //! Or from the environment: `Models::from_env(None, |v| std::env::var(v).ok())` reads
 //! `LINEAGE_MODEL=ENDPOINT:MODEL` and the endpoint's settings ([`Endpoint::from_env`]).
+//!
+//! TLS (feature `tls`, on by default) is rustls on the ring provider, given to each client this
+//! crate builds. It enables reqwest's `rustls-no-provider`: a host that builds reqwest clients of
+//! its own in the same build, without a provider feature of its own, installs a process-wide
+//! provider first (`rustls::crypto::ring::default_provider().install_default()`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -20,6 +20,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use lineage_agent::{ABORTED, Cancellation, ChunkStream, Model, ModelError, ModelRequest};
 use lineage_log::StreamChunk;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -70,7 +71,7 @@ impl Model for HttpModel {
             .body(&request, self.endpoint.default_max_tokens);
         let answer = Answer {
             model: self.clone(),
-            body: body.to_string().into_bytes(),
+            body: Bytes::from(body.to_string()),
             cancel: request.cancel,
             attempt: 0,
             phase: Phase::Connect,
@@ -158,7 +159,8 @@ fn headers(endpoint: &Endpoint) -> Result<HeaderMap, ConfigError> {
 /// One answer being fetched.
 struct Answer {
     model: HttpModel,
-    body: Vec<u8>,
+    /// The request body, shared by every attempt (cloning `Bytes` copies nothing).
+    body: Bytes,
     cancel: Cancellation,
     /// Attempts made so far, minus one.
     attempt: u32,
@@ -380,13 +382,13 @@ async fn read(
     endpoint: &Endpoint,
     cancel: &Cancellation,
     response: &mut reqwest::Response,
-) -> Result<Option<Vec<u8>>, ModelError> {
+) -> Result<Option<Bytes>, ModelError> {
     tokio::select! {
         biased;
         _ = cancel.cancelled() => Err(aborted()),
         read = tokio::time::timeout(endpoint.idle_timeout, response.chunk()) => match read {
             Err(_) => Err(idle(endpoint, "the stream")),
-            Ok(Ok(bytes)) => Ok(bytes.map(|b| b.to_vec())),
+            Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(e)) => Err(ModelError::new(
                 failure::STREAM_CLOSED,
                 format!("endpoint {}: the stream broke: {}", endpoint.name, error_chain(&e)),

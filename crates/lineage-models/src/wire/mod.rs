@@ -155,7 +155,6 @@ impl AnswerReader {
                 }
             }
         }
-        self.frames.clear();
         translated?;
         if self.translator.is_done() {
             return Ok(());

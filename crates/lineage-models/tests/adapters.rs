@@ -200,36 +200,30 @@ macro_rules! adapter_tests {
                 assert_balanced(&agent.events());
             }
 
-            #[tokio::test(start_paused = true)]
-            async fn a_failure_before_the_first_chunk_is_retried_and_the_turn_completes() {
-                let server = LoopbackServer::start([
-                    Reply::status(503, script::error_body("overloaded", "busy")),
-                    script::text("made it"),
-                ])
-                .await
-                .unwrap();
+            /// A first attempt that fails having produced nothing, then an answer of `text`:
+            /// the turn completes on the retry.
+            async fn completes_on_the_retry_after(first: Reply, text: &str) {
+                let server = LoopbackServer::start([first, script::text(text)])
+                    .await
+                    .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
                 run_turn(&agent, "hi").await;
                 assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
-                assert_eq!(assistant_texts(&agent.events()), ["made it"]);
+                assert_eq!(assistant_texts(&agent.events()), [text]);
                 assert_eq!(server.requests().len(), 2);
             }
 
             #[tokio::test(start_paused = true)]
+            async fn a_failure_before_the_first_chunk_is_retried_and_the_turn_completes() {
+                let overloaded = Reply::status(503, script::error_body("overloaded", "busy"));
+                completes_on_the_retry_after(overloaded, "made it").await;
+            }
+
+            #[tokio::test(start_paused = true)]
             async fn a_failure_event_before_the_first_chunk_is_retried_too() {
-                let server = LoopbackServer::start([
-                    Script::new().error("overloaded", "busy").reply(),
-                    script::text("second time lucky"),
-                ])
-                .await
-                .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "hi").await;
-                assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
-                assert_eq!(assistant_texts(&agent.events()), ["second time lucky"]);
-                assert_eq!(server.requests().len(), 2);
+                let overloaded = Script::new().error("overloaded", "busy").reply();
+                completes_on_the_retry_after(overloaded, "second time lucky").await;
             }
 
             #[tokio::test(start_paused = true)]

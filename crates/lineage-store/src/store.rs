@@ -868,8 +868,15 @@ impl Store {
     pub fn stats(&self) -> Result<StoreStats> {
         guard(|| {
             let txn = self.begin_read()?;
+            // Sessions are counted as `list` finds them, not by the table's stored length:
+            // that is the file's word, which damage can make disagree with its entries.
+            let mut sessions = 0u64;
+            for entry in txn.open_table(SESSIONS).engine()?.iter().engine()? {
+                entry.engine()?;
+                sessions += 1;
+            }
             let mut stats = StoreStats {
-                sessions: txn.open_table(SESSIONS).engine()?.len().engine()?,
+                sessions,
                 file_bytes: self
                     .inner
                     .path

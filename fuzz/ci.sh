@@ -7,7 +7,7 @@
 # against the committed Cargo.lock, then runs each one from its committed seeds (fuzz/seeds), the
 # inputs of bugs found before (fuzz/regressions/<target>, which must keep passing) and the corpus
 # it has grown on this machine (fuzz/corpus/<target>, not committed). A crash, a hang (no answer
-# within 30 s) or running out of memory fails the step after every target has run; the input is
+# within 30 s) or running out of memory (8 GiB, see fuzz/README.md) fails the step after every target has run; the input is
 # saved under fuzz/artifacts/<target>/ and printed here, gzipped and in base64, so it outlives the
 # machine. The storage engine's known abort (fuzz/README.md) is printed the same way but does not
 # fail the step; the target runs again for the time it has left. Reads nothing from stdin.
@@ -79,7 +79,7 @@ for target in "${targets[@]}"; do
         started=$SECONDS
         set +e
         "${bin_dir}/${target}" "${dirs[@]}" \
-            -max_total_time="$left" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+            -max_total_time="$left" -timeout=30 -rss_limit_mb=8192 -print_final_stats=1 \
             -artifact_prefix="${artifacts}/" </dev/null 2>&1 |
             tee "$log" | grep -Ev "$quiet"
         status=${PIPESTATUS[0]}

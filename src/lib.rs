@@ -10,6 +10,30 @@
 //!   Responses, Anthropic Messages) and a router. Off by default: it brings an HTTP client and
 //!   TLS, which a host with its own models does not need.
 //!
+//! A host runs a prompt to completion (the root agent and every child it delegates to quiet)
+//! and shuts down in one call:
+//!
+//! ```
+//! use lineage::agent::{AgentSpec, CreateAgent, Response, ScriptedModel};
+//! use lineage::subagent::Host;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("sessions.lineage");
+//! let model = ScriptedModel::new([Response::text("four")]); // or a real endpoint's adapter
+//! let host = Host::open(&path, model)?;
+//! let spec = AgentSpec::new("scripted", "any"); // the endpoint and model its requests name
+//! let root = host.agents.create(CreateAgent::fresh(spec)).await?;
+//! let outcome = host.run(&root, "what is 2 + 2?").await?;
+//! assert_eq!(outcome.text(), "four");
+//! host.close().await?; // children drained, agents disposed, the store flushed
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The store on its own:
+//!
 //! ```no_run
 //! use lineage::log::{Event, Header, SessionId, TurnStart};
 //! use lineage::store::Store;

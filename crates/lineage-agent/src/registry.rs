@@ -57,6 +57,21 @@ impl Default for AgentSpec {
     }
 }
 
+impl AgentSpec {
+    /// A spec whose requests name `endpoint` and `model` (which configured model service
+    /// answers, and which of its models), with the defaults for everything else.
+    pub fn new(endpoint: impl Into<Text>, model: impl Into<Text>) -> Self {
+        AgentSpec {
+            options: AgentOptions {
+                endpoint: Some(endpoint.into()),
+                model: Some(model.into()),
+                ..AgentOptions::default()
+            },
+            ..AgentSpec::default()
+        }
+    }
+}
+
 impl std::fmt::Debug for AgentSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentSpec")

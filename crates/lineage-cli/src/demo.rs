@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use crate::cli::{DemoArgs, Output, TreeArgs, VerifyArgs};
 use crate::commands;
 use crate::error::{CliError, EXIT_OK};
-use crate::host::{Host, child_message_line, one_line, result_text};
+use crate::host::{Host, child_message_line, one_line, open_host, result_text};
 
 /// The default store file, in the working directory.
 pub const DEFAULT_STORE: &str = "lineage-demo.lineage";
@@ -196,13 +196,16 @@ struct DemoHost {
 
 impl DemoHost {
     fn open(path: &Path, with_providers: bool) -> Result<DemoHost, CliError> {
-        let host = Host::open(path, Arc::new(DemoModel), with_providers).map_err(CliError::Demo)?;
+        let host = open_host(path, Arc::new(DemoModel), with_providers).map_err(CliError::Demo)?;
         Ok(DemoHost { host })
     }
 
     /// Tears down every resident child and agent and closes the store.
     async fn close(self) -> Result<(), CliError> {
-        self.host.close().await.map_err(CliError::Demo)
+        self.host
+            .close()
+            .await
+            .map_err(|e| CliError::Demo(e.to_string()))
     }
 
     /// The lead's tools: background delegation to `spawn`, a foreground `review` through `fork`,

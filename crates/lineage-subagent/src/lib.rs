@@ -20,6 +20,7 @@ mod birth;
 mod continuation;
 mod contract;
 mod error;
+mod host;
 mod in_process;
 mod lifecycle;
 mod listing;
@@ -41,6 +42,7 @@ pub use contract::{
     SubagentResult, SubagentRun, bound_diagnostic,
 };
 pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
+pub use host::{Host, HostError, Outcome};
 pub use in_process::{ForkProvider, SpawnProvider};
 pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
 pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};

@@ -27,17 +27,17 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use lineage_agent::{Agent, AgentEvent, AgentOptions, AgentSpec, CreateAgent, Queued};
-use lineage_log::{AbortCause, EventBody, Message, MessageSource, StreamChunk, TurnEndReason};
+use lineage_agent::{Agent, AgentEvent, AgentOptions, AgentSpec, CreateAgent};
+use lineage_log::{EventBody, Message, MessageSource, StreamChunk, TurnEndReason};
 use lineage_models::{ModelChoice, Models};
 use lineage_subagent::tools::{BackgroundMode, SubagentToolConfig};
-use lineage_subagent::{Authority, ForkProvider, SpawnProvider};
+use lineage_subagent::{ForkProvider, SpawnProvider};
 use tokio::sync::mpsc;
 
 use crate::cli::ChatArgs;
 use crate::commands::write_json_line;
 use crate::error::{CliError, EXIT_OK};
-use crate::host::{Host, child_message_line, one_line, result_text};
+use crate::host::{Host, child_message_line, one_line, open_host, result_text};
 use crate::open::Opened;
 use crate::render::stop_detail;
 use brake::Brake;
@@ -63,14 +63,17 @@ pub fn run(args: &ChatArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         .build()
         .map_err(|e| CliError::Chat(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
-        let host = Host::open(&args.store, Arc::new(models), true)
+        let host = open_host(&args.store, Arc::new(models), true)
             .map_err(|e| CliError::CannotOpen(format!("{}: {e}", args.store.display())))?;
         let brake = Brake::new();
         host.subagents
             .register_continuable_setup(brake.child_setup());
         let conversed = converse(&host, args, &choice, cwd, brake, input, out, err).await;
         // Shut down whatever happened: children drained, agents disposed, the store flushed.
-        let closed = host.close().await.map_err(CliError::Chat);
+        let closed = host
+            .close()
+            .await
+            .map_err(|e| CliError::Chat(e.to_string()));
         let code = conversed?;
         closed?;
         Ok(code)
@@ -400,7 +403,7 @@ impl Conversation<'_> {
             // The brake refuses every new step; what runs now is cancelled, once.
             if self.brake.is_engaged() && !stopped_work {
                 stopped_work = true;
-                self.stop_work();
+                self.host.stop(&self.root);
             }
             // Once the brake is on, the root parks what reaches it (its children's notices)
             // for the next prompt: held input is then no work in flight.
@@ -426,17 +429,6 @@ impl Conversation<'_> {
         }
         self.printer.end_line(out)?;
         Ok(end)
-    }
-
-    /// Cancels the root's running turn and interrupts every resident child. What the root has
-    /// queued (its children's notices) is kept for the next prompt. Best effort: a child that
-    /// settles meanwhile is simply gone.
-    fn stop_work(&self) {
-        let _ = self.root.cancel(AbortCause::User, Queued::Keep);
-        let authority = Authority::Ancestor(self.root.clone());
-        for child in self.host.subagents.resident() {
-            let _ = self.host.subagents.interrupt(child, &authority);
-        }
     }
 }
 
@@ -526,6 +518,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use lineage_agent::{ChunkStream, Model, ModelRequest, Response, ScriptedModel};
+    use lineage_log::AbortCause;
 
     use super::*;
 
@@ -565,7 +558,7 @@ mod tests {
     #[tokio::test]
     async fn a_root_that_delegates_on_every_notice_stops_at_the_turn_bound() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let host = Host::open(
+        let host = open_host(
             &dir.path().join("s.lineage"),
             Arc::new(Redelegating::default()),
             true,

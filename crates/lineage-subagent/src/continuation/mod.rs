@@ -297,6 +297,20 @@ impl SubagentRuntime {
             .collect()
     }
 
+    /// Whether a child in the delegation tree of the exact live agent `ancestor` is resident
+    /// (being torn down included) or being made resident: whether its tree still has work that
+    /// can reach it.
+    pub fn has_resident_under(&self, ancestor: &Arc<Agent>) -> bool {
+        let st = lock(&self.continuation().state);
+        st.activations
+            .values()
+            .any(|a| !Arc::ptr_eq(&a.agent, ancestor) && a.in_ancestry(ancestor))
+            || st
+                .pending
+                .values()
+                .any(|p| p.lineage.iter().any(|a| Arc::ptr_eq(a, ancestor)))
+    }
+
     /// Whether `child` has a resident activation (running or waiting).
     pub fn is_resident(&self, child: SessionId) -> bool {
         self.continuation()

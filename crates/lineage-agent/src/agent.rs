@@ -5,13 +5,15 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lineage_log::{
-    AbortCause, Event, EventBody, Header, InboxSpliced, InboxTarget, Log, Message, MessageId, Role,
-    SessionId, Text, TurnNo, TurnStart, check_append, fold_delegation_depth, own_suffix,
+    AbortCause, BudgetReached, Event, EventBody, Header, InboxSpliced, InboxTarget, Log, Message,
+    MessageId, Role, SessionId, Text, TurnNo, TurnStart, check_append, fold_delegation_depth,
+    own_suffix,
 };
 use lineage_store::{SessionOwner, Store, StoreError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
+use crate::budget::{Budget, BudgetUse, Meter};
 use crate::inbox::Inbox;
 use crate::registry::Registry;
 use crate::turn::{self, Opened};
@@ -185,6 +187,9 @@ pub struct Agent {
     store: Store,
     runtime: Handle,
     config: Config,
+    /// The budgets in force: the agent's own first, if it has one, then those of ancestors
+    /// that bind their delegation trees. Each is charged by every event this agent appends.
+    meters: Vec<Arc<Meter>>,
     tools: Mutex<Arc<Toolset>>,
     state: Mutex<State>,
     /// `true` while no driver runs. Set `false` synchronously when a wake starts one, and `true`
@@ -231,6 +236,7 @@ impl Agent {
         options: AgentOptions,
         log: Log,
         config: Config,
+        meters: Vec<Arc<Meter>>,
         tools: Toolset,
         store: Store,
         runtime: Handle,
@@ -253,6 +259,7 @@ impl Agent {
             store,
             runtime,
             config,
+            meters,
             tools: Mutex::new(Arc::new(tools)),
             state: Mutex::new(State {
                 log,
@@ -269,6 +276,31 @@ impl Agent {
             registry,
             owner: Mutex::new(Some(owner)),
         }))
+    }
+
+    /// The agent's own budget (see [`AgentSpec::budget`](crate::AgentSpec::budget)) and what
+    /// it has counted, if it has one.
+    pub fn budget(&self) -> Option<(Budget, BudgetUse)> {
+        self.meters
+            .first()
+            .filter(|m| m.owner() == self.id)
+            .map(|m| (m.budget(), m.used()))
+    }
+
+    /// The first limit reached among the budgets in force (its own and those binding its
+    /// delegation tree), if any: the agent's next model request would be refused.
+    pub fn budget_reached(&self) -> Option<BudgetReached> {
+        self.meters.iter().find_map(|m| m.reached())
+    }
+
+    /// The budgets a child of this agent is bound by: its own if it binds the tree, and those
+    /// that bind this agent's.
+    pub(crate) fn tree_meters(&self) -> Vec<Arc<Meter>> {
+        self.meters
+            .iter()
+            .filter(|m| m.binds_tree())
+            .cloned()
+            .collect()
     }
 
     /// The agent's id, which is its session's id.
@@ -626,6 +658,11 @@ impl Agent {
         let seq = event.seq;
         let published = (!st.subscribers.is_empty()).then(|| event.clone());
         st.log.append(vec![event]).map_err(log_error)?;
+        if let Some(appended) = st.log.events().last() {
+            for meter in &self.meters {
+                meter.charge(&appended.body);
+            }
+        }
         if let Some(event) = published {
             publish(
                 st,

@@ -85,6 +85,16 @@ pub enum AgentError {
         /// The name.
         name: String,
     },
+    /// A stored budget record is malformed.
+    #[error("agent {agent}: the budget recorded at seq {seq} {reason}")]
+    InvalidBudget {
+        /// The agent.
+        agent: SessionId,
+        /// The record's seq.
+        seq: u64,
+        /// What is wrong with it, naming the field.
+        reason: String,
+    },
     /// A stored inbox splice does not apply to the inbox replayed before it.
     #[error("agent {agent}: invalid persisted inbox splice at seq {seq}: {reason}")]
     InvalidInboxSplice {

@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod budget;
 mod cancel;
 mod contain;
 mod error;
@@ -33,6 +34,7 @@ mod turn;
 mod watch;
 
 pub use agent::{Agent, AgentEvent, AgentOptions, AgentStatus, FlushFault, Queued};
+pub use budget::{BUDGET_EVENT, Budget, BudgetUse};
 pub use cancel::Cancellation;
 pub use error::AgentError;
 pub use hooks::{HOOK_FAILED, HOOK_PANICKED, HookError, Hooks, NoHooks, PreStep, PreStepDecision};

@@ -12,6 +12,7 @@ use lineage_store::{Store, StoreError};
 use tokio::runtime::Handle;
 
 use crate::agent::{Config, lock};
+use crate::budget::{self, Budget, BudgetUse, Meter};
 use crate::inbox::Inbox;
 use crate::{
     Agent, AgentError, AgentOptions, Diagnostic, Hooks, Model, NoHooks, Prompt, RegistryEvent,
@@ -40,6 +41,11 @@ pub struct AgentSpec {
     pub model: Option<Arc<dyn Model>>,
     /// How many tool calls of one step may run at once (at least 1).
     pub max_parallel_tools: usize,
+    /// A budget for the agent (and, for a [`Budget::tree`], every agent it delegates to).
+    /// Recorded in the log when the agent is created; on a resume, a budget other than the
+    /// recorded one is recorded anew (counting starts again from there), and `None` keeps the
+    /// recorded one in force.
+    pub budget: Option<Budget>,
 }
 
 impl Default for AgentSpec {
@@ -53,6 +59,7 @@ impl Default for AgentSpec {
             hooks: None,
             model: None,
             max_parallel_tools: DEFAULT_MAX_PARALLEL_TOOLS,
+            budget: None,
         }
     }
 }
@@ -84,6 +91,7 @@ impl std::fmt::Debug for AgentSpec {
             .field("persona", &self.persona)
             .field("context", &self.context)
             .field("max_parallel_tools", &self.max_parallel_tools)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
@@ -280,17 +288,26 @@ impl Agents {
         })
     }
 
-    /// Builds the idle agent over `log` and makes it the live agent under its reserved id.
+    /// Builds the idle agent over `log`, bound by its own budget's meter and its live parent's
+    /// tree budgets, and makes it the live agent under its reserved id.
     fn publish(
         &self,
         mut reservation: Reservation<'_>,
         header: Header,
         options: AgentOptions,
-        log: Log,
+        (log, own_meter): (Log, Option<Arc<Meter>>),
         (config, tools): (Config, Toolset),
         resumed: bool,
     ) -> Result<Arc<Agent>, AgentError> {
         let id = header.id;
+        // A child is bound by the tree budgets of its live parent, which a child's parent
+        // always is when the child is created or resumed through delegation.
+        let inherited = header
+            .parent
+            .and_then(|parent| self.get(parent))
+            .map(|parent| parent.tree_meters())
+            .unwrap_or_default();
+        let meters = own_meter.into_iter().chain(inherited).collect();
         let owner = self
             .inner
             .store
@@ -301,6 +318,7 @@ impl Agents {
             options,
             log,
             config,
+            meters,
             tools,
             self.inner.store.clone(),
             Handle::current(),
@@ -362,9 +380,12 @@ impl Agents {
         let CreateAgent {
             header,
             seed,
-            setup,
+            mut setup,
             spec,
         } = create;
+        if let Some(budget) = &spec.budget {
+            setup.push(budget.event());
+        }
         let id = header.id;
         let reservation = self.reserve(id)?;
         let (config, tools) = self.config(id, &spec)?;
@@ -427,11 +448,13 @@ impl Agents {
                 (header, log)
             }
         };
+        // A new session has no descendants yet to charge a tree budget.
+        let meter = budget::own_meter(id, log.events(), wall_ms(), |_| BudgetUse::default())?;
         let agent = self.publish(
             reservation,
             header,
             spec.options,
-            log,
+            (log, meter),
             (config, tools),
             false,
         )?;
@@ -451,16 +474,37 @@ impl Agents {
         let reservation = self.reserve(id)?;
         let (config, tools) = self.config(id, &spec)?;
         let store = self.inner.store.clone();
-        let loaded = blocking(move || store.load(id))
+        let store_error = |source| AgentError::Store { agent: id, source };
+        let mut loaded = blocking(move || store.load(id))
             .await
-            .map_err(|source| AgentError::Store { agent: id, source })?;
+            .map_err(store_error)?;
+        if let Some(budget) = spec.budget
+            && budget::recorded(id, &loaded.events)?.map(|(b, _)| b) != Some(budget)
+        {
+            let event = Event::new(loaded.events.len() as u64, wall_ms(), budget.event());
+            let (store, written) = (self.inner.store.clone(), event.clone());
+            blocking(move || store.append(id, &[written]))
+                .await
+                .map_err(store_error)?;
+            loaded.events.push(event);
+        }
+        let descendants_use = match budget::recorded(id, &loaded.events)? {
+            Some((budget, record)) if budget.tree => {
+                let (store, since) = (self.inner.store.clone(), record.time_ms);
+                blocking(move || descendants_use(&store, id, since))
+                    .await
+                    .map_err(store_error)?
+            }
+            _ => BudgetUse::default(),
+        };
+        let meter = budget::own_meter(id, &loaded.events, wall_ms(), |_| descendants_use)?;
         let log = Log::from_seed(loaded.events)
             .map_err(|source| AgentError::Log { agent: id, source })?;
         let agent = self.publish(
             reservation,
             loaded.header,
             spec.options,
-            log,
+            (log, meter),
             (config, tools),
             true,
         )?;
@@ -499,6 +543,22 @@ impl Agents {
 
 fn now_ms(header: &Header) -> i64 {
     i64::try_from(header.created_at_ms).unwrap_or(i64::MAX)
+}
+
+/// The wall clock in milliseconds since the Unix epoch, as events record it.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What every stored descendant of `root` spent from `since_ms` on, its own events only.
+fn descendants_use(store: &Store, root: SessionId, since_ms: i64) -> Result<BudgetUse, StoreError> {
+    let mut used = BudgetUse::default();
+    for descendant in store.descendants(root)? {
+        used += budget::use_since(&store.read_from(descendant, 0)?, since_ms);
+    }
+    Ok(used)
 }
 
 fn replay_check(id: SessionId, log: &Log) -> Result<(), AgentError> {

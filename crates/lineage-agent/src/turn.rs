@@ -168,6 +168,15 @@ async fn turn_body(
         if step == 0 && messages.is_empty() {
             return Ok(TurnEndReason::Completed);
         }
+        // A model request is due: every budget in force must allow it. What the step claimed
+        // goes back to the inbox, parked for when a budget allows more.
+        if let Some(reached) = agent.budget_reached() {
+            tracing::info!(code = reached.limit.code(), %reached, "budget reached");
+            if let Some(cause) = give_back(agent, claimed, cancel) {
+                return Err(Stop::Aborted(cause));
+            }
+            return Ok(TurnEndReason::Budget(Box::new(reached)));
+        }
         step += 1;
         agent.append(StepStart { turn, step })?;
         let span = tracing::info_span!("step", step);
@@ -239,18 +248,24 @@ async fn pre_step(
 /// claimed for the step goes back to the front of its lists, parked for the next wake; a turn
 /// cancelled meanwhile ends aborted instead and its claimed input is dropped, as for any cancel.
 fn hook_failed(agent: &Agent, claimed: Claimed, cancel: &Cancellation, error: TurnError) -> Stop {
+    match give_back(agent, claimed, cancel) {
+        Some(cause) => Stop::Aborted(cause),
+        None => Stop::Failed(error),
+    }
+}
+
+/// Puts a step's claimed input back at the front of its lists, parked for the next wake. When
+/// the turn was cancelled meanwhile, the input is dropped as for any cancel, and the cause is
+/// returned: the turn ends aborted.
+fn give_back(agent: &Agent, claimed: Claimed, cancel: &Cancellation) -> Option<AbortCause> {
     match agent.requeue(claimed, cancel) {
-        Ok(true) => {}
-        Ok(false) => {
-            if let Some(cause) = cancel.cause() {
-                return Stop::Aborted(cause);
-            }
-        }
+        Ok(true) => None,
+        Ok(false) => cancel.cause(),
         Err(requeue) => {
-            tracing::warn!(%requeue, "the input of a failed pre-step could not be requeued");
+            tracing::warn!(%requeue, "the input of a stopped step could not be requeued");
+            None
         }
     }
-    Stop::Failed(error)
 }
 
 /// One model request and the tool calls it asks for.

@@ -302,7 +302,7 @@ impl DemoHost {
                     while let Ok(line) = rx.try_recv() {
                         print_line(out, &line)?;
                     }
-                    if self.host.is_quiet(lead, false) {
+                    if self.host.is_quiet(lead) {
                         return Ok(());
                     }
                     // Something is still going on: wait for its next line.

@@ -108,7 +108,7 @@ pub fn quote(text: &str, full: bool) -> String {
 }
 
 /// A stop reason as a short word: `completed`, `aborted(user|parent|hook|disposed)`, `blocked`,
-/// `error`, `max-tokens` or `interrupted`.
+/// `error`, `max-tokens`, `interrupted` or `budget`.
 pub fn stop_label(reason: &TurnEndReason) -> String {
     match reason {
         TurnEndReason::Completed => "completed".into(),
@@ -127,6 +127,7 @@ pub fn stop_label(reason: &TurnEndReason) -> String {
         TurnEndReason::Error(_) => "error".into(),
         TurnEndReason::MaxTokens => "max-tokens".into(),
         TurnEndReason::Interrupted => "interrupted".into(),
+        TurnEndReason::Budget(_) => "budget".into(),
         // A reason added after this build: shown as the log's own value.
         other => format!("{other:?}"),
     }
@@ -152,6 +153,7 @@ pub fn stop_detail(reason: &TurnEndReason, full: bool) -> String {
             }
             s
         }
+        TurnEndReason::Budget(reached) => format!("budget {reached}"),
         other => stop_label(other),
     }
 }

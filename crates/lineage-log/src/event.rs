@@ -330,6 +330,69 @@ pub enum TurnEndReason {
     MaxTokens,
     /// The process stopped mid-turn; written only by crash repair.
     Interrupted,
+    /// A budget in force reached one of its limits before the next model request.
+    Budget(Box<BudgetReached>),
+}
+
+/// Which budget a turn reached, and which of its limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetReached {
+    /// The limit reached.
+    pub limit: BudgetLimit,
+    /// The limit's value: turns, model requests, output tokens or milliseconds.
+    pub max: u64,
+    /// The session whose budget it is: the agent's own, or the ancestor whose budget binds
+    /// its whole delegation tree.
+    pub owner: SessionId,
+}
+
+/// One limit of a budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BudgetLimit {
+    /// Turns started.
+    Turns,
+    /// Model requests (steps).
+    Requests,
+    /// Output tokens the model reported.
+    OutputTokens,
+    /// Time since the budget was set.
+    WallClock,
+}
+
+impl BudgetLimit {
+    /// The stable code of a turn that reached this limit.
+    pub fn code(self) -> &'static str {
+        match self {
+            BudgetLimit::Turns => "BUDGET_TURNS",
+            BudgetLimit::Requests => "BUDGET_REQUESTS",
+            BudgetLimit::OutputTokens => "BUDGET_OUTPUT_TOKENS",
+            BudgetLimit::WallClock => "BUDGET_WALL_CLOCK",
+        }
+    }
+
+    /// What the limit counts, for people: `turns`, `model requests`, `output tokens`, `ms`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            BudgetLimit::Turns => "turns",
+            BudgetLimit::Requests => "model requests",
+            BudgetLimit::OutputTokens => "output tokens",
+            BudgetLimit::WallClock => "ms",
+        }
+    }
+}
+
+impl std::fmt::Display for BudgetReached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the budget of session {} allows {} {}",
+            self.limit.code(),
+            self.owner,
+            self.max,
+            self.limit.unit()
+        )
+    }
 }
 
 /// Who cancelled a turn.

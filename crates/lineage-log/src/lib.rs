@@ -29,11 +29,11 @@ pub use codec::{
 };
 pub use error::LogError;
 pub use event::{
-    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, Custom,
-    DescriptorMode, Event, EventBody, EventKind, FinishReason, InboxSpliced, InboxTarget,
-    ModelFailure, Opaque, PolicySource, SandboxMode, SessionLineage, StepEnd, StepNo, StepStart,
-    StreamChunk, SubagentDescriptor, ToolCall, ToolCallDelta, ToolError, ToolFilter, ToolResult,
-    TurnEnd, TurnEndReason, TurnError, TurnNo, TurnStart, Usage,
+    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, BudgetLimit,
+    BudgetReached, Custom, DescriptorMode, Event, EventBody, EventKind, FinishReason, InboxSpliced,
+    InboxTarget, ModelFailure, Opaque, PolicySource, SandboxMode, SessionLineage, StepEnd, StepNo,
+    StepStart, StreamChunk, SubagentDescriptor, ToolCall, ToolCallDelta, ToolError, ToolFilter,
+    ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo, TurnStart, Usage,
 };
 pub use fold::{
     PolicyOverrides, final_output, fold_delegation_depth, fold_descriptor, fold_header,

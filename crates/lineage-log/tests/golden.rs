@@ -14,13 +14,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use lineage_log::{
-    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, CallId, Chain,
-    ContentBlock, Custom, DescriptorMode, Digest, Event, EventBody, EventKind, FORMAT_VERSION,
-    FinishReason, Header, InboxSpliced, InboxTarget, LogError, Message, MessageId, MessageSource,
-    ModelFailure, Opaque, Origin, PolicySource, Records, Role, SandboxMode, SessionId,
-    SessionLineage, StepEnd, StepStart, StreamChunk, SubagentDescriptor, Text, ToolCall,
-    ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnStart,
-    Usage, decode_record, encode_record,
+    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, BudgetLimit,
+    BudgetReached, CallId, Chain, ContentBlock, Custom, DescriptorMode, Digest, Event, EventBody,
+    EventKind, FORMAT_VERSION, FinishReason, Header, InboxSpliced, InboxTarget, LogError, Message,
+    MessageId, MessageSource, ModelFailure, Opaque, Origin, PolicySource, Records, Role,
+    SandboxMode, SessionId, SessionLineage, StepEnd, StepStart, StreamChunk, SubagentDescriptor,
+    Text, ToolCall, ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd, TurnEndReason,
+    TurnError, TurnStart, Usage, decode_record, encode_record,
 };
 use serde::{Deserialize, Serialize};
 
@@ -243,6 +243,46 @@ fn record_vectors() -> Vec<RecordVector> {
             9,
             b + 900,
             turn_end(TurnEndReason::Interrupted),
+        ),
+        v(
+            "turn/end/budget-requests",
+            9,
+            b + 900,
+            turn_end(TurnEndReason::Budget(Box::new(BudgetReached {
+                limit: BudgetLimit::Requests,
+                max: 300,
+                owner: sid(1),
+            }))),
+        ),
+        v(
+            "turn/end/budget-turns",
+            9,
+            b + 900,
+            turn_end(TurnEndReason::Budget(Box::new(BudgetReached {
+                limit: BudgetLimit::Turns,
+                max: 0,
+                owner: sid(1),
+            }))),
+        ),
+        v(
+            "turn/end/budget-output-tokens",
+            9,
+            b + 900,
+            turn_end(TurnEndReason::Budget(Box::new(BudgetReached {
+                limit: BudgetLimit::OutputTokens,
+                max: u64::MAX,
+                owner: sid(1),
+            }))),
+        ),
+        v(
+            "turn/end/budget-wall-clock",
+            9,
+            b + 900,
+            turn_end(TurnEndReason::Budget(Box::new(BudgetReached {
+                limit: BudgetLimit::WallClock,
+                max: 600_000,
+                owner: sid(2),
+            }))),
         ),
         // step/start, step/end.
         v("step/start", 2, b + 2, StepStart { turn: 1, step: 1 }),
@@ -884,6 +924,11 @@ const REQUIRED_COVERAGE: &[&str] = &[
     "TurnEndReason::Error",
     "TurnEndReason::MaxTokens",
     "TurnEndReason::Interrupted",
+    "TurnEndReason::Budget",
+    "BudgetLimit::Turns",
+    "BudgetLimit::Requests",
+    "BudgetLimit::OutputTokens",
+    "BudgetLimit::WallClock",
     "AbortCause::User",
     "AbortCause::Parent",
     "AbortCause::Hook",
@@ -1012,6 +1057,19 @@ fn cover_event(event: &Event, seen: &mut BTreeSet<String>) {
             }
             TurnEndReason::MaxTokens => label(seen, "TurnEndReason::MaxTokens"),
             TurnEndReason::Interrupted => label(seen, "TurnEndReason::Interrupted"),
+            TurnEndReason::Budget(reached) => {
+                label(seen, "TurnEndReason::Budget");
+                label(
+                    seen,
+                    match reached.limit {
+                        BudgetLimit::Turns => "BudgetLimit::Turns",
+                        BudgetLimit::Requests => "BudgetLimit::Requests",
+                        BudgetLimit::OutputTokens => "BudgetLimit::OutputTokens",
+                        BudgetLimit::WallClock => "BudgetLimit::WallClock",
+                        other => panic!("golden coverage does not know {other:?}: add it"),
+                    },
+                );
+            }
             other => panic!("golden coverage does not know {other:?}: add it"),
         },
         EventBody::UserMessage(message) => cover_message(message, seen),

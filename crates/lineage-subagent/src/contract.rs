@@ -220,6 +220,9 @@ pub enum StopReason {
     MaxTokens,
     /// The child declined the task (a hook or policy blocked it).
     Refusal,
+    /// A budget in force (the child's own, or one that binds its delegation tree) reached a
+    /// limit.
+    Budget,
     /// A reason this version does not know, from another provider; treated as a failure.
     Other(Text),
 }
@@ -233,6 +236,7 @@ impl StopReason {
             StopReason::Error => "error",
             StopReason::MaxTokens => "max-tokens",
             StopReason::Refusal => "refusal",
+            StopReason::Budget => "budget",
             StopReason::Other(other) => other,
         }
     }
@@ -454,6 +458,7 @@ mod tests {
             StopReason::Error,
             StopReason::MaxTokens,
             StopReason::Refusal,
+            StopReason::Budget,
             StopReason::Other("timeout".into()),
         ] {
             assert!(!reason.is_success(), "{reason}");

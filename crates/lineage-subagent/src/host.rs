@@ -196,7 +196,7 @@ impl Host {
     }
 
     /// Sends `prompt` to `root` as the user and waits until `root` and every child in its
-    /// delegation tree are quiet: the root idle with nothing pending, no child resident. The
+    /// delegation tree are quiet (see [`Host::is_quiet`]): the root idle, no child resident. The
     /// outcome covers the root's events from the prompt on, so `root` should be idle when
     /// this is called.
     pub async fn run(
@@ -237,7 +237,7 @@ impl Host {
             // Marked seen before the state is read: a change after this wakes the wait below.
             changes.borrow_and_update();
             lifecycle.borrow_and_update();
-            if self.is_quiet(root, stopped) {
+            if self.is_quiet(root) {
                 break;
             }
             if stopped && root.status() == AgentStatus::Running {
@@ -270,20 +270,19 @@ impl Host {
     }
 
     /// Whether `root` and its delegation tree are quiet: no child in it resident, and the root
-    /// idle with nothing pending (or, when `parked_ok`, with input it holds for its next wake:
-    /// an idle agent with pending input has parked it, since a waking send starts a turn at
-    /// once), its log unchanged while this looked.
+    /// idle, its log unchanged while this looked. Input an idle root holds is parked (a waking
+    /// send to an idle agent starts its turn before it returns), so it waits for the root's next
+    /// wake and is no work in flight: what a stop, a failed pre-step hook or a reached budget
+    /// gave back.
     ///
     /// The order matters. A child's activation is forgotten before its notice is sent to its
     /// parent, so once no child is resident every notice is already in the root's inbox; and a
     /// child can only be started by a root turn, which appends to the root's log. The log's
     /// length read first and again last catches a root turn that started a child (or a notice
     /// spliced into its inbox) between the two reads of state.
-    pub fn is_quiet(&self, root: &Arc<Agent>, parked_ok: bool) -> bool {
+    pub fn is_quiet(&self, root: &Arc<Agent>) -> bool {
         let before = root.with_events(<[_]>::len);
-        let quiet = !self.subagents.has_resident_under(root)
-            && root.status() == AgentStatus::Idle
-            && (parked_ok || !root.has_pending());
+        let quiet = !self.subagents.has_resident_under(root) && root.status() == AgentStatus::Idle;
         quiet && root.with_events(<[_]>::len) == before
     }
 

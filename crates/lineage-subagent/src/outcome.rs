@@ -23,6 +23,8 @@ pub(crate) enum Ending {
     Error,
     /// The model ran out of output tokens.
     MaxTokens,
+    /// A budget reached a limit.
+    Budget,
 }
 
 impl Ending {
@@ -35,6 +37,7 @@ impl Ending {
             TurnEndReason::Blocked => Ending::Blocked,
             TurnEndReason::Error(_) => Ending::Error,
             TurnEndReason::MaxTokens => Ending::MaxTokens,
+            TurnEndReason::Budget(_) => Ending::Budget,
             // A reason added to the log after this build: not known to be a success (a one-shot
             // result's diagnostic names it).
             _ => Ending::Error,
@@ -55,6 +58,7 @@ impl Ending {
             Ending::Blocked => StopReason::Refusal,
             Ending::Error => StopReason::Error,
             Ending::MaxTokens => StopReason::MaxTokens,
+            Ending::Budget => StopReason::Budget,
         }
     }
 }
@@ -124,6 +128,7 @@ pub(crate) fn run_outcome(own: &[Event]) -> (StopReason, Option<String>) {
         TurnEndReason::Interrupted => {
             Some("the child's turn was stopped by a crash of its process".into())
         }
+        TurnEndReason::Budget(reached) => Some(reached.to_string()),
         TurnEndReason::Completed
         | TurnEndReason::Aborted { .. }
         | TurnEndReason::Blocked
@@ -169,6 +174,7 @@ pub(crate) fn settlement_summary(child: SessionId, stop: &StopReason) -> String 
         StopReason::Aborted => "was stopped before it finished.",
         StopReason::MaxTokens => "ran out of output room before it finished.",
         StopReason::Refusal => "declined the task.",
+        StopReason::Budget => "reached its budget before it finished.",
         StopReason::Error => "failed before it finished.",
         StopReason::Other(reason) => {
             let (open, close) = (" ended abnormally (", ") before it finished.");
@@ -250,6 +256,15 @@ mod tests {
                 StopReason::MaxTokens,
                 "ran out of output room before it finished.",
             ),
+            (
+                TurnEndReason::Budget(Box::new(lineage_log::BudgetReached {
+                    limit: lineage_log::BudgetLimit::Requests,
+                    max: 20,
+                    owner: SessionId::new(),
+                })),
+                StopReason::Budget,
+                "reached its budget before it finished.",
+            ),
         ];
         let child = SessionId::new();
         for (reason, stop, line) in table {
@@ -280,6 +295,7 @@ mod tests {
             StopReason::MaxTokens,
             StopReason::Refusal,
             StopReason::Error,
+            StopReason::Budget,
             StopReason::Other("quota".into()),
             StopReason::Other("two\nlines".into()),
             StopReason::Other(long.as_str().into()),

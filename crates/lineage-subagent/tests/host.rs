@@ -151,7 +151,7 @@ async fn run_waits_for_a_continuable_child_that_reports_and_settles() {
 
     // The run returned only after the child settled and the root answered its notice.
     assert!(f.host.subagents.resident().is_empty());
-    assert!(f.host.is_quiet(&root, false));
+    assert!(f.host.is_quiet(&root));
     let sources: Vec<_> = root
         .events()
         .into_iter()
@@ -204,7 +204,7 @@ async fn run_until_stops_the_root_and_its_children_and_leaves_every_log_balanced
         "{outcome:?}"
     );
     assert!(f.host.subagents.resident().is_empty());
-    assert!(f.host.is_quiet(&root, true));
+    assert!(f.host.is_quiet(&root));
     let child = f.host.store.children(root.id()).expect("children")[0];
     let child_events = f
         .host
@@ -280,7 +280,7 @@ async fn a_run_waits_only_for_its_own_tree() {
     let other = f.root().await;
     let outcome = within(f.host.run(&other, "hi")).await.unwrap();
     assert_eq!(outcome.text(), "hello");
-    assert!(!f.host.is_quiet(&busy, false), "the other tree still works");
+    assert!(!f.host.is_quiet(&busy), "the other tree still works");
     drop((busy, other));
     f.close_and_verify().await;
 }

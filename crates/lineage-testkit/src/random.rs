@@ -4,12 +4,12 @@
 //! anything); they are meant to reach every variant and every optional field of the wire format.
 
 use lineage_log::{
-    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, CallId, ContentBlock,
-    Custom, DescriptorMode, Digest, EventBody, FinishReason, InboxSpliced, InboxTarget, Message,
-    MessageId, MessageSource, ModelFailure, Opaque, PolicySource, Role, SandboxMode, SessionId,
-    SessionLineage, StepEnd, StepStart, StreamChunk, SubagentDescriptor, Text, ToolCall,
-    ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnStart,
-    Usage,
+    AbortCause, ApprovalPolicy, AssistantChunk, AssistantMessage, BlockType, BudgetLimit,
+    BudgetReached, CallId, ContentBlock, Custom, DescriptorMode, Digest, EventBody, FinishReason,
+    InboxSpliced, InboxTarget, Message, MessageId, MessageSource, ModelFailure, Opaque,
+    PolicySource, Role, SandboxMode, SessionId, SessionLineage, StepEnd, StepStart, StreamChunk,
+    SubagentDescriptor, Text, ToolCall, ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd,
+    TurnEndReason, TurnError, TurnStart, Usage,
 };
 
 use crate::SplitMix64;
@@ -156,7 +156,7 @@ fn random_message(rng: &mut SplitMix64) -> Message {
 }
 
 pub(crate) fn random_reason(rng: &mut SplitMix64) -> TurnEndReason {
-    match rng.below(9) {
+    match rng.below(10) {
         0 => TurnEndReason::Completed,
         1 => TurnEndReason::Aborted {
             cause: AbortCause::User,
@@ -181,6 +181,16 @@ pub(crate) fn random_reason(rng: &mut SplitMix64) -> TurnEndReason {
             request_id: maybe(rng, random_text),
         })),
         7 => TurnEndReason::MaxTokens,
+        8 => TurnEndReason::Budget(Box::new(BudgetReached {
+            limit: [
+                BudgetLimit::Turns,
+                BudgetLimit::Requests,
+                BudgetLimit::OutputTokens,
+                BudgetLimit::WallClock,
+            ][rng.below(4) as usize],
+            max: random_u64(rng),
+            owner: SessionId::from_u128(rng.next_u128()),
+        })),
         _ => TurnEndReason::Interrupted,
     }
 }

@@ -405,9 +405,9 @@ impl Conversation<'_> {
                 stopped_work = true;
                 self.host.stop(&self.root);
             }
-            // Once the brake is on, the root parks what reaches it (its children's notices)
-            // for the next prompt: held input is then no work in flight.
-            if self.host.is_quiet(&self.root, self.brake.is_engaged()) {
+            // Input the idle root holds is parked for the next prompt (its children's notices,
+            // once the brake is on): no work in flight.
+            if self.host.is_quiet(&self.root) {
                 // Everything the root published before it went quiet is already queued.
                 while let Ok(event) = self.feed.events.try_recv() {
                     end.observe(&event);

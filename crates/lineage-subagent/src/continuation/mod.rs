@@ -153,10 +153,14 @@ impl Activation {
             .any(|w| w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, agent)))
     }
 
+    /// Accepted input an idle child holds (parked by an interrupt) keeps it resident for its
+    /// next wake, unless a budget in force refuses every request: then nothing can run it, and
+    /// the child settles with the input parked in its durable inbox.
     fn residency(&self) -> Residency {
         let mut st = lock(&self.st);
         st.accepted.retain(|id| self.agent.is_pending(*id));
-        if self.agent.status() == AgentStatus::Running || !st.accepted.is_empty() {
+        let parked_work = !st.accepted.is_empty() && self.agent.budget_reached().is_none();
+        if self.agent.status() == AgentStatus::Running || parked_work {
             Residency::Running
         } else if !st.owned.is_empty() {
             Residency::Waiting

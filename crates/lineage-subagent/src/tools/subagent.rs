@@ -301,6 +301,7 @@ pub(crate) fn render(result: &SubagentResult) -> ToolOutput {
             "The subagent ran out of output tokens before it finished.".to_owned()
         }
         StopReason::Refusal => "The subagent declined the task.".to_owned(),
+        StopReason::Budget => "The subagent reached its budget before it finished.".to_owned(),
         other => format!("The subagent run ended abnormally ({other})."),
     };
     if let Some(diagnostic) = &result.diagnostic {

@@ -20,6 +20,7 @@ mod header;
 mod ids;
 mod json;
 mod message;
+mod meta;
 mod rules;
 mod text;
 
@@ -46,6 +47,10 @@ pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use json::check_strict_json;
 pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};
+pub use meta::{
+    MAX_META_VALUE_BYTES, MAX_TAG_KEY_BYTES, MetaError, MetaUpdate, SESSION_META_EVENT,
+    SessionMeta, check_tag_key, fold_session_meta,
+};
 pub use rules::{
     Log, Structure, TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, TurnMarker, check_append,
     check_append_before_descriptor_contract, check_descriptor, check_seed, check_shape,

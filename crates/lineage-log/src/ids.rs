@@ -76,6 +76,21 @@ impl SessionId {
     pub fn new() -> Self {
         Self(Uuid::now_v7())
     }
+
+    /// A deterministic UUIDv7 for a session created at `created_at_ms` that is known elsewhere by
+    /// `parts` (for example a session imported from another tool's files): the same inputs always
+    /// give the same id, and ids still sort by creation time. The bits a UUIDv7 leaves random
+    /// come from a hash of `parts`.
+    pub fn derived(created_at_ms: u64, parts: &[&[u8]]) -> Self {
+        let mut hasher = blake3::Hasher::new_derive_key("lineage 2026 derived session id");
+        for part in parts {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        let mut bytes = [0u8; 10];
+        bytes.copy_from_slice(&hasher.finalize().as_bytes()[..10]);
+        Self(uuid::Builder::from_unix_timestamp_millis(created_at_ms, &bytes).into_uuid())
+    }
 }
 
 impl Default for SessionId {
@@ -180,6 +195,22 @@ mod tests {
             MessageId::derived(&[b"ab", b"c"]),
             MessageId::derived(&[b"a", b"bc"])
         );
+    }
+
+    #[test]
+    fn derived_session_ids_are_deterministic_v7_ids_of_their_time() {
+        let a = SessionId::derived(1_750_000_000_000, &[b"upstream", b"session-1"]);
+        assert_eq!(
+            a,
+            SessionId::derived(1_750_000_000_000, &[b"upstream", b"session-1"])
+        );
+        assert_ne!(
+            a,
+            SessionId::derived(1_750_000_000_000, &[b"upstream", b"session-2"])
+        );
+        assert_eq!(a.as_uuid().get_version_num(), 7);
+        let later = SessionId::derived(1_750_000_000_001, &[b"upstream", b"session-1"]);
+        assert!(a < later, "ids sort by creation time");
     }
 
     #[test]

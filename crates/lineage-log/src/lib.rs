@@ -19,6 +19,7 @@ mod fork;
 mod header;
 mod ids;
 mod json;
+mod json_form;
 mod message;
 mod meta;
 mod rules;
@@ -46,6 +47,11 @@ pub use fork::{
 pub use header::{FORMAT_VERSION, Header, Origin, check_format_version};
 pub use ids::{CallId, MessageId, RunId, SessionId};
 pub use json::check_strict_json;
+pub use json_form::{
+    JSON_FORM_VERSION, JsonFormError, JsonSession, SESSION_LINE_TYPE, SessionReader,
+    body_from_json, digest_from_hex, event_from_json, event_line, event_to_json, from_hex,
+    session_from_json_lines, session_line, session_to_json_lines, to_hex,
+};
 pub use message::{ContentBlock, MAX_NESTING, Message, MessageSource, Role};
 pub use meta::{
     MAX_META_VALUE_BYTES, MAX_TAG_KEY_BYTES, MetaError, MetaUpdate, SESSION_META_EVENT,

@@ -180,6 +180,27 @@ pub enum StoreError {
         /// The session.
         session: SessionId,
     },
+    /// [`crate::Store::delete`] with [`crate::DeleteRule::Refuse`] of a session that has stored
+    /// children or forks: deleting it alone would leave them naming a parent that is gone.
+    #[error(
+        "cannot delete session {session}: {descendants} stored session(s) descend from it \
+         (children and forks that copied its history); delete the whole subtree to remove them too"
+    )]
+    HasDescendants {
+        /// The session asked for.
+        session: SessionId,
+        /// How many stored sessions descend from it.
+        descendants: usize,
+    },
+    /// [`crate::Store::delete`] of a session that a live writer in this process owns, or whose
+    /// subtree holds one.
+    #[error("cannot delete session {session}: {}", owned_phrase(*session, *owned))]
+    OwnedSession {
+        /// The session asked for.
+        session: SessionId,
+        /// The owned session (the one asked for, or a descendant).
+        owned: SessionId,
+    },
     /// A write on a store opened read-only.
     #[error("the store is open read-only")]
     ReadOnly,
@@ -202,6 +223,15 @@ pub enum StoreError {
     /// The storage engine failed ([`EngineError::kind`] says how).
     #[error("storage error: {0}")]
     Storage(EngineError),
+}
+
+/// How an [`StoreError::OwnedSession`] names the owned session.
+fn owned_phrase(session: SessionId, owned: SessionId) -> String {
+    if session == owned {
+        "a live writer in this process owns it".to_owned()
+    } else {
+        format!("its descendant {owned} is owned by a live writer in this process")
+    }
 }
 
 impl StoreError {

@@ -185,8 +185,11 @@ impl Store {
         if state.tails.contains_key(&child) {
             return Err(StoreError::SessionExists { session: child });
         }
-        // An unwritten parent forgotten meanwhile is gone: the child would name a free id.
-        if unwritten.is_some() && !state.tails.contains_key(&parent) {
+        // An unwritten parent forgotten meanwhile, or a parent deleted since it was read, is gone:
+        // the child would name a free id.
+        if (unwritten.is_some() && !state.tails.contains_key(&parent))
+            || state.deleted.contains(&parent)
+        {
             return Err(StoreError::UnknownSession { session: parent });
         }
         state.tails.insert(

@@ -11,9 +11,11 @@
 #![warn(missing_docs)]
 
 mod create;
+mod delete;
 mod error;
 mod fork;
 mod layout;
+mod meta;
 mod owners;
 mod read;
 mod recovery;
@@ -22,6 +24,7 @@ mod store;
 mod verify;
 mod writer;
 
+pub use delete::{DeleteRule, Deleted};
 pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;

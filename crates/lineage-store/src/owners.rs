@@ -17,8 +17,9 @@ use lineage_log::SessionId;
 
 use crate::{Result, Store, StoreError};
 
-/// The sessions owned through one store (every clone of a handle shares them).
-#[derive(Debug, Default)]
+/// The sessions owned through one store (every clone of a handle shares them, and so does a
+/// clone of this).
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Owners(Arc<Mutex<HashSet<SessionId>>>);
 
 impl Owners {

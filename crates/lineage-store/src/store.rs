@@ -546,11 +546,14 @@ impl Store {
             .map_err(|e| StoreError::from_log(session, e))?;
         self.ensure_new(session)?;
         let mut state = self.inner.queue.lock();
+        let state = &mut *state;
         match state.tails.entry(session) {
             std::collections::hash_map::Entry::Occupied(_) => {
                 Err(StoreError::SessionExists { session })
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
+                // A new session may take the id of one this handle deleted.
+                state.deleted.remove(&session);
                 slot.insert(Tail {
                     header,
                     row_written: false,
@@ -698,8 +701,14 @@ impl Store {
 
     /// Waits until everything admitted for `session` before this call is durable. After a failed
     /// commit it retries the queued batches and reports a repeated failure.
+    ///
+    /// A session this handle deleted is [`StoreError::UnknownSession`]: what was admitted to it
+    /// and not yet durable was discarded with it.
     pub fn flush(&self, session: SessionId) -> Result<()> {
         let state = self.inner.queue.lock();
+        if state.deleted.contains(&session) && !state.tails.contains_key(&session) {
+            return Err(StoreError::UnknownSession { session });
+        }
         let target = state.tails.get(&session).map_or(0, |t| t.last_ticket);
         self.inner.queue.wait_durable(state, target)
     }
@@ -731,7 +740,8 @@ impl Store {
         })
     }
 
-    /// Caches a committed session's tail for the writer, unless it already has a newer one.
+    /// Caches a committed session's tail for the writer, unless it already has a newer one, or
+    /// the session was deleted since it was read (an append to it then finds no tail).
     fn remember(
         &self,
         session: SessionId,
@@ -740,6 +750,9 @@ impl Store {
         structure: Structure,
     ) {
         let mut state = self.inner.queue.lock();
+        if state.deleted.contains(&session) {
+            return;
+        }
         state.tails.entry(session).or_insert(Tail {
             header: record.header,
             row_written: true,

@@ -6,13 +6,14 @@
 //! blocks back at the front of their queues, so order is kept, and pauses the writer until the next
 //! admission or flush, which retries and reports.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 use redb::Database;
 
+use crate::delete::{DeleteJob, Deleted, delete_in};
 use crate::error::EngineError;
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, encode_block};
 use crate::store::{Writable, contained};
@@ -66,6 +67,15 @@ pub(crate) struct State {
     pub first_pending_at: Option<Instant>,
     pub shutdown: bool,
     pub writer_gone: bool,
+    /// Deletions waiting for the next commit (see `Store::delete`).
+    pub deletions: Vec<DeleteJob>,
+    /// The id of the last deletion queued.
+    pub last_deletion: u64,
+    /// Each decided deletion's answer, by id, until its caller takes it.
+    pub deleted_answers: HashMap<u64, Result<Deleted>>,
+    /// Sessions this handle deleted: a tail read from the store before the deletion committed is
+    /// not remembered, and forks of them are refused.
+    pub deleted: HashSet<SessionId>,
 }
 
 pub(crate) struct Queue {
@@ -172,12 +182,14 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
         let mut state = queue.lock();
         loop {
             // At shutdown a paused queue gets one last attempt.
-            let ready = state.pending_blocks > 0 && (!state.paused || state.shutdown);
+            let work = state.pending_blocks > 0 || !state.deletions.is_empty();
+            let ready = work && (!state.paused || state.shutdown);
             if state.shutdown && !ready {
                 return;
             }
             if ready {
-                if state.flush_requested || state.shutdown {
+                // A deletion's caller waits for it, as a flush's does.
+                if state.flush_requested || state.shutdown || !state.deletions.is_empty() {
                     break;
                 }
                 let opened = *state.first_pending_at.get_or_insert_with(Instant::now);
@@ -212,6 +224,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                 blocks: std::mem::take(&mut tail.pending),
             });
         }
+        let deletions = std::mem::take(&mut state.deletions);
         state.pending_blocks = 0;
         state.flush_requested = false;
         state.first_pending_at = None;
@@ -225,7 +238,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
         });
         let result = match handle {
             // The engine may panic committing onto a damaged file: that is a failed commit.
-            Ok(handle) => contained(|| commit(&handle, &jobs, &options, &mut scratch))
+            Ok(handle) => contained(|| commit(&handle, &jobs, &deletions, &options, &mut scratch))
                 .unwrap_or_else(|panic| {
                     Err(redb::Error::Corrupted(format!(
                         "the storage engine panicked committing: {panic}"
@@ -242,7 +255,7 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
         let mut state = queue.lock();
         state.attempts += 1;
         match result {
-            Ok(()) => {
+            Ok(answers) => {
                 state.durable = watermark;
                 state.last_failure = None;
                 for job in jobs {
@@ -250,6 +263,12 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                         tail.revision = job.revision;
                         tail.row_written = true;
                     }
+                }
+                for (id, answer) in answers {
+                    if let Ok(deleted) = &answer {
+                        forget_deleted(&mut state, &deleted.sessions);
+                    }
+                    state.deleted_answers.insert(id, answer);
                 }
             }
             Err(error) => {
@@ -259,10 +278,20 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                     if let Some(tail) = state.tails.get_mut(&job.session) {
                         // Back in front of anything admitted meanwhile: order is kept.
                         tail.pending.splice(0..0, job.blocks);
+                        state.pending_blocks += count;
                     }
-                    state.pending_blocks += count;
                 }
-                state.last_failure = Some(EngineError::from_engine(error));
+                let failure = EngineError::from_engine(error);
+                // A failed deletion deleted nothing; its caller is told, and may try again.
+                for deletion in deletions {
+                    state.deleted_answers.insert(
+                        deletion.id,
+                        Err(StoreError::CommitFailed {
+                            source: failure.clone(),
+                        }),
+                    );
+                }
+                state.last_failure = Some(failure);
                 state.paused = true;
                 if shutting_down {
                     queue.wake_waiters.notify_all();
@@ -274,14 +303,38 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
     }
 }
 
+/// Drops what the writer knows of sessions a committed deletion removed: their tails, with any
+/// blocks admitted to them since the commit began (they are discarded with the session), and
+/// remembers them as deleted.
+fn forget_deleted(state: &mut State, sessions: &[SessionId]) {
+    for session in sessions {
+        if let Some(tail) = state.tails.remove(session) {
+            state.pending_blocks -= tail.pending.len().min(state.pending_blocks);
+        }
+        state.deleted.insert(*session);
+    }
+    if state.pending_blocks == 0 {
+        // Every ticket issued is now durable or discarded: no flush may wait for a commit that
+        // has nothing left to write.
+        state.durable = state.next_ticket;
+        state.first_pending_at = None;
+    }
+}
+
+/// The answer to each deletion of a commit, by its id.
+type Answers = Vec<(u64, Result<Deleted>)>;
+
 /// One transaction: every job's blocks (adjacent small blocks merged up to the block limits), its
-/// session row, and for a new child its `children` entry; then one durable commit.
+/// session row, and for a new child its `children` entry; then the deletions, after the blocks
+/// (so blocks admitted to a session before its deletion are deleted with it); then one durable
+/// commit.
 fn commit(
     db: &Database,
     jobs: &[Job],
+    deletions: &[DeleteJob],
     options: &StoreOptions,
     scratch: &mut Vec<u8>,
-) -> std::result::Result<(), redb::Error> {
+) -> std::result::Result<Answers, redb::Error> {
     let txn = db.begin_write()?;
     {
         let mut events = txn.open_table(EVENTS)?;
@@ -335,6 +388,10 @@ fn commit(
             }
         }
     }
+    let mut answers = Vec::with_capacity(deletions.len());
+    for deletion in deletions {
+        answers.push((deletion.id, delete_in(&txn, deletion)?));
+    }
     txn.commit()?;
-    Ok(())
+    Ok(answers)
 }

@@ -1,0 +1,213 @@
+//! Deleting sessions: a session's row, blocks and children-index entries removed in one commit of
+//! the writer thread.
+//!
+//! **The rule for descendants.** A session's children and forks (the sessions whose header names
+//! it as their parent, listed in the `children` table) copied its history, and their
+//! `seed_digest` vouches for it. Deleting the session alone would leave them naming a parent that
+//! no longer exists, so by default a deletion is refused while any descendant is stored
+//! ([`StoreError::HasDescendants`], naming the session and how many descendants it has). On
+//! request ([`DeleteRule::Subtree`]) the session and every descendant are deleted together, in
+//! the same transaction. Either way nothing is left naming a deleted parent, and `verify` of what
+//! remains is clean.
+
+use std::collections::HashSet;
+
+use lineage_log::SessionId;
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
+use crate::owners::Owners;
+use crate::store::Store;
+use crate::{Result, StoreError};
+
+/// What [`Store::delete`] does about the sessions that descend from the one it deletes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeleteRule {
+    /// Refuse while any child or fork of the session is stored
+    /// ([`StoreError::HasDescendants`]). Nothing is deleted.
+    #[default]
+    Refuse,
+    /// Delete the session and every stored descendant (children, their children, forks of any of
+    /// them), all in one transaction.
+    Subtree,
+}
+
+/// What a deletion removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// The deleted sessions: the one asked for first, then its descendants breadth first.
+    pub sessions: Vec<SessionId>,
+    /// How many events they held.
+    pub events: u64,
+    /// How many stored blocks they took.
+    pub blocks: u64,
+    /// How many bytes of blocks they took.
+    pub bytes: u64,
+}
+
+/// A deletion queued for the writer thread.
+#[derive(Debug)]
+pub(crate) struct DeleteJob {
+    /// Matches the answer to its caller.
+    pub id: u64,
+    pub session: SessionId,
+    pub rule: DeleteRule,
+    /// The sessions live writers own through this store, checked inside the transaction.
+    pub owners: Owners,
+}
+
+impl Store {
+    /// Deletes `session` from the store, durably: its row, every block of its events, and its
+    /// entries in the children index (as a child and as a parent) are removed in one transaction
+    /// of the writer thread, committed before this returns. A crash leaves the session either
+    /// whole or gone.
+    ///
+    /// **Descendants.** With [`DeleteRule::Refuse`] (the default) a session that has stored
+    /// children or forks is not deleted: [`StoreError::HasDescendants`] names it and how many
+    /// sessions descend from it. With [`DeleteRule::Subtree`] they are deleted too, in the same
+    /// transaction. So no stored session is ever left naming a deleted parent.
+    ///
+    /// **Live writers.** A session that a live writer in this process owns ([`Store::own`], as
+    /// every live agent does), or with such a descendant under [`DeleteRule::Subtree`], is
+    /// refused with [`StoreError::OwnedSession`]. (Another process cannot hold the store while
+    /// this handle writes to it.) Events admitted to a deleted session that were not yet durable
+    /// are discarded with it; from then on this handle refuses appends, loads and forks of it
+    /// with [`StoreError::UnknownSession`].
+    ///
+    /// A session that is not stored (never written, or already deleted) is
+    /// [`StoreError::UnknownSession`]; a session created but never written is forgotten with
+    /// [`Store::forget_unwritten`] instead. A failed commit deletes nothing and is returned as
+    /// [`StoreError::CommitFailed`]. Refused on a read-only store.
+    pub fn delete(&self, session: SessionId, rule: DeleteRule) -> Result<Deleted> {
+        self.writable()?;
+        let queue = &self.inner.queue;
+        let mut state = queue.lock();
+        if state.writer_gone {
+            return Err(StoreError::Closed);
+        }
+        state.last_deletion += 1;
+        let id = state.last_deletion;
+        state.deletions.push(DeleteJob {
+            id,
+            session,
+            rule,
+            owners: self.inner.owners.clone(),
+        });
+        state.paused = false;
+        queue.wake_writer.notify_one();
+        loop {
+            if let Some(answer) = state.deleted_answers.remove(&id) {
+                return answer;
+            }
+            if state.writer_gone {
+                return Err(StoreError::Closed);
+            }
+            state = queue
+                .wake_waiters
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Performs one deletion inside the writer's transaction. A refusal (unknown session,
+/// descendants, an owned session) is decided before anything is removed and is the inner error;
+/// a failure of the storage engine is the outer one and aborts the whole transaction.
+pub(crate) fn delete_in(
+    txn: &WriteTransaction,
+    job: &DeleteJob,
+) -> std::result::Result<Result<Deleted>, redb::Error> {
+    let mut sessions = txn.open_table(SESSIONS)?;
+    let mut events = txn.open_table(EVENTS)?;
+    let mut children = txn.open_table(CHILDREN)?;
+    let session = job.session;
+    if sessions.get(session.as_u128())?.is_none() {
+        return Ok(Err(StoreError::UnknownSession { session }));
+    }
+    // The subtree, breadth first, each session once (a damaged index could hold a cycle); only
+    // stored sessions count: an index entry naming a missing child is removed with its parent.
+    let mut order = vec![session];
+    let mut seen: HashSet<SessionId> = order.iter().copied().collect();
+    let mut next = 0;
+    while next < order.len() {
+        let id = order[next].as_u128();
+        let mut found = Vec::new();
+        for entry in children.range((id, 0)..=(id, u128::MAX))? {
+            let child = SessionId::from_u128(entry?.0.value().1);
+            if !seen.contains(&child) && sessions.get(child.as_u128())?.is_some() {
+                found.push(child);
+            }
+        }
+        for child in found {
+            if seen.insert(child) {
+                order.push(child);
+            }
+        }
+        next += 1;
+    }
+    if job.rule == DeleteRule::Refuse && order.len() > 1 {
+        return Ok(Err(StoreError::HasDescendants {
+            session,
+            descendants: order.len() - 1,
+        }));
+    }
+    if let Some(&owned) = order.iter().find(|s| job.owners.contains(**s)) {
+        return Ok(Err(StoreError::OwnedSession { session, owned }));
+    }
+    let mut deleted = Deleted {
+        sessions: order.clone(),
+        ..Deleted::default()
+    };
+    for &gone in &order {
+        remove_session(
+            gone,
+            &mut sessions,
+            &mut events,
+            &mut children,
+            &mut deleted,
+        )?;
+    }
+    Ok(Ok(deleted))
+}
+
+/// Removes one session's row, blocks and index entries, counting what its blocks held.
+fn remove_session(
+    session: SessionId,
+    sessions: &mut Table<u128, &[u8]>,
+    events: &mut Table<(u128, u64), &[u8]>,
+    children: &mut Table<(u128, u128), ()>,
+    deleted: &mut Deleted,
+) -> std::result::Result<(), redb::Error> {
+    let id = session.as_u128();
+    // The parent's index entry: the row names the parent; a row that does not decode could name
+    // any, so then every entry listing this session as a child is looked for.
+    let parent = match sessions.remove(id)? {
+        Some(row) => SessionRecord::decode(session, row.value())
+            .ok()
+            .map(|r| r.header.parent),
+        None => Some(None),
+    };
+    match parent {
+        Some(Some(parent)) => {
+            children.remove((parent.as_u128(), id))?;
+        }
+        Some(None) => {}
+        None => children.retain(|(_, child), ()| child != id)?,
+    }
+    children.retain_in((id, 0)..=(id, u128::MAX), |_, ()| false)?;
+    let (mut blocks, mut records, mut bytes) = (0u64, 0u64, 0u64);
+    events.retain_in(session_blocks(session), |_, value| {
+        blocks += 1;
+        bytes += value.len() as u64;
+        // A damaged block header counts no events; the block is removed all the same.
+        records += value
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, |b| u64::from(u32::from_le_bytes(b)));
+        false
+    })?;
+    deleted.blocks += blocks;
+    deleted.events += records;
+    deleted.bytes += bytes;
+    Ok(())
+}

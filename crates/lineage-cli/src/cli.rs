@@ -16,15 +16,17 @@ Examples:
   lineage verify sessions.lineage && echo intact
   lineage tail -f sessions.lineage 019b76da
   lineage export sessions.lineage 019b76da > session.jsonl
+  lineage import copy.lineage session.jsonl
   lineage stats sessions.lineage --json
 
 A SESSION is a full session id or the start of exactly one stored session's id.
 The inspection commands open the store read-only, so they work while a host writes to it;
-demo and chat are hosts that write.
+demo and chat are hosts that write; import writes one session, creating the store if missing.
 
 Exit codes:
   0  ok
-  1  problems found: verify found damage or inconsistencies, or a damaged session stopped a read
+  1  problems found: verify found damage or inconsistencies, or a damaged session stopped a read;
+     import refused its file (a bad line, a digest that differs, a session held with other content)
   2  usage: bad arguments, including a session the store does not hold
   3  cannot open or read the file: missing, not a Lineage store, a newer format, cut short,
      damaged beneath its sessions, an I/O error";
@@ -63,8 +65,12 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Print a session's last events; with -f, keep printing new ones as a host appends them.
     Tail(TailArgs),
-    /// Write a session's events as JSON Lines: {"seq", "time_ms", "body": {"type", "data"}}.
+    /// Write a session as JSON Lines in the stable form of schema/JSON.md: a session line, then
+    /// {"seq", "time_ms", "type", "data", "digest"} per event.
     Export(ExportArgs),
+    /// Read a session from JSON Lines (what export writes, or a deepseek-harness session file)
+    /// into a store, checking seqs, rules and digests; the store is created if missing.
+    Import(ImportArgs),
     /// Show space used: sessions, events, bytes, and bytes per event by kind.
     Stats(StoreArgs),
     /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
@@ -255,4 +261,19 @@ pub struct ExportArgs {
     /// Accepted like on the other commands: the export is always JSON Lines.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The store file to write (created if missing).
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session file: what `lineage export` writes, or a session file of deepseek-harness's
+    /// JSON Lines store; `-` reads stdin.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
 }

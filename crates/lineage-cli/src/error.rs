@@ -33,6 +33,9 @@ pub enum CliError {
     Demo(String),
     /// The chat could not run, or a turn of its prompt failed (exit 1).
     Chat(String),
+    /// `import` refused its file: a bad line, a digest that differs, a session the store holds
+    /// with other content (exit 1). Nothing was written.
+    Refused(String),
 }
 
 impl CliError {
@@ -43,7 +46,9 @@ impl CliError {
             CliError::CannotOpen(_) => EXIT_CANNOT_OPEN,
             CliError::Damaged(_) => EXIT_PROBLEMS,
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => EXIT_OK,
-            CliError::Output(_) | CliError::Demo(_) | CliError::Chat(_) => EXIT_PROBLEMS,
+            CliError::Output(_) | CliError::Demo(_) | CliError::Chat(_) | CliError::Refused(_) => {
+                EXIT_PROBLEMS
+            }
         }
     }
 
@@ -54,7 +59,8 @@ impl CliError {
             | CliError::CannotOpen(m)
             | CliError::Damaged(m)
             | CliError::Demo(m)
-            | CliError::Chat(m) => Some(m.clone()),
+            | CliError::Chat(m)
+            | CliError::Refused(m) => Some(m.clone()),
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
             CliError::Output(e) => Some(format!("cannot write the output: {e}")),
         }
@@ -68,6 +74,7 @@ impl CliError {
             CliError::Damaged(_) => CliError::Damaged(message),
             CliError::Demo(_) => CliError::Demo(message),
             CliError::Chat(_) => CliError::Chat(message),
+            CliError::Refused(_) => CliError::Refused(message),
             output @ CliError::Output(_) => output,
         }
     }

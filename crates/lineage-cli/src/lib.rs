@@ -5,14 +5,16 @@
 //! `export` (JSON Lines) and `stats`. Every one opens the store read-only, so it works while a
 //! host process has the file open for writing, and never creates a file. Output is aligned plain
 //! text (never coloured); `--json` gives JSON instead on every inspection command. Two hosts
-//! write stores: `demo` (scripted models) and `chat` (a real endpoint, see `lineage chat --help`).
+//! write stores: `demo` (scripted models) and `chat` (a real endpoint, see `lineage chat --help`);
+//! `import` writes one session read from JSON Lines (the stable form of `schema/JSON.md` that
+//! `export` writes, or a deepseek-harness session file), creating the store if missing.
 //!
 //! Exit codes:
 //!
 //! | code | meaning |
 //! |---:|---|
 //! | 0 | ok |
-//! | 1 | problems found: `verify` found damage or inconsistencies, or a damaged session stopped a read (a corrupt record or block) |
+//! | 1 | problems found: `verify` found damage or inconsistencies, or a damaged session stopped a read (a corrupt record or block); `import` refused its file (nothing is written) |
 //! | 2 | usage: bad arguments, including a session id the store does not hold |
 //! | 3 | cannot open or read the file: missing, not a Lineage store, a store or session in a newer format, cut short, damaged beneath its sessions (the storage engine's own pages), an I/O error |
 //!

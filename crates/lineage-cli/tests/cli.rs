@@ -691,28 +691,32 @@ fn export_writes_one_json_object_per_event() {
     let out = run(&["export", s(&f.path), &f.child.to_string()])
         .ok()
         .stdout;
-    let events: Vec<Value> = out
+    let lines: Vec<Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).expect("each line is JSON"))
         .collect();
-    assert_eq!(events.len(), 31);
+    // The session line, then the 31 events (schema/JSON.md).
+    assert_eq!(lines.len(), 32);
+    assert_eq!(lines[0]["type"], "lineage/session");
+    assert_eq!(lines[0]["id"], f.child.to_string());
+    assert_eq!(lines[0]["events"], 31);
+    let events = &lines[1..];
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["seq"], i as u64);
         assert!(e["time_ms"].is_i64());
-        assert!(e["body"]["type"].is_string() && !e["body"]["data"].is_null());
+        assert!(e["type"].is_string() && !e["data"].is_null());
+        assert_eq!(e["digest"].as_str().map(str::len), Some(64));
     }
-    assert_eq!(events[ROOT_LEN as usize]["body"]["type"], "session/lineage");
+    assert_eq!(events[ROOT_LEN as usize]["type"], "session/lineage");
     assert_eq!(
-        events[ROOT_LEN as usize]["body"]["data"]["parent"],
+        events[ROOT_LEN as usize]["data"]["parent"],
         f.root.to_string()
     );
-    // The export is the log itself: it parses back into the same events.
-    let parsed: Vec<Event> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    // The export is the log itself: it reads back into the same events.
+    let parsed = lineage_log::session_from_json_lines(&out).unwrap();
     let store = Store::open_read_only(&f.path).unwrap();
-    assert_eq!(parsed, store.read_from(f.child, 0).unwrap());
+    assert_eq!(parsed.events, store.read_from(f.child, 0).unwrap());
+    assert_eq!(parsed.digest, store.info(f.child).unwrap().head);
 }
 
 #[test]

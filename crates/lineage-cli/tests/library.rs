@@ -68,8 +68,9 @@ fn a_command_writes_its_output_to_the_buffer() {
     }
     let (code, out, err) = run(&["export", path.to_str().unwrap(), &id.to_string()]);
     assert_eq!((code, err.as_str()), (0, ""));
+    // The session line, then one line per event.
     assert_eq!(
         out.lines().count() as u64,
-        Store::open_read_only(&path).unwrap().info(id).unwrap().len
+        Store::open_read_only(&path).unwrap().info(id).unwrap().len + 1
     );
 }

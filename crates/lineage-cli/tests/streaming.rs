@@ -215,11 +215,14 @@ fn export_stops_quietly_when_its_output_is_gone() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("{\"type\":\"lineage/session\","), "{line}");
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
     assert!(line.starts_with("{\"seq\":0,"), "{line}");
+    drop(stdout);
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert!(output.stderr.is_empty(), "{:?}", output.stderr);

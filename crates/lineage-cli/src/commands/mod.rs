@@ -1,5 +1,6 @@
-//! The subcommands. Each opens the store read-only, writes its result to `out`, and returns the
-//! exit code (0, or 1 when `verify` found problems).
+//! The subcommands. Each inspection command opens the store read-only (`import` opens it for
+//! writing), writes its result to `out`, and returns the exit code (0, or 1 when `verify` found
+//! problems or `import` refused its file).
 
 use std::io::{self, Write};
 
@@ -13,6 +14,7 @@ use crate::open::Opened;
 
 mod export;
 mod fold;
+mod import;
 mod ls;
 mod show;
 mod stats;
@@ -30,6 +32,7 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Verify(args) => verify::run(&args, out),
         Command::Tail(args) => tail::run(&args, out),
         Command::Export(args) => export::run(&args, out),
+        Command::Import(args) => import::run(&args, out),
         Command::Stats(args) => stats::run(&args, out),
         Command::Demo(args) => crate::demo::run(&args, out),
         // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the

@@ -12,8 +12,10 @@ use crate::{CallId, Digest, Message, SessionId, Text};
 
 /// One entry of a session log.
 ///
-/// The serde form (used at the JSON edges: export, `--json`) is `{seq, time_ms, body: {type, data}}`
-/// with `type` the display name; the stored form is the record codec, not serde.
+/// The stored form is the record codec, not serde. The stable JSON form, which `lineage export`
+/// writes and `lineage import` reads, is [`crate::event_to_json`] (specified in `schema/JSON.md`);
+/// the derived serde form, `{seq, time_ms, body: {type, data}}` with `type` the display name, is
+/// what the inspection commands' `--json` prints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     /// Position in the log: the first event has seq 0 and every event's seq is its index.

@@ -18,16 +18,24 @@ Examples:
   lineage export sessions.lineage 019b76da > session.jsonl
   lineage import copy.lineage session.jsonl
   lineage stats sessions.lineage --json
+  lineage tag sessions.lineage 019b76da user=alice --title 'Parser fix'
+  lineage ls sessions.lineage --tag user=alice
+  lineage rm sessions.lineage 019b76da --subtree
+  lineage prune sessions.lineage --older-than 30d --dry-run
 
 A SESSION is a full session id or the start of exactly one stored session's id.
 The inspection commands open the store read-only, so they work while a host writes to it;
 demo and chat are hosts that write; import writes one session, creating the store if missing.
+rm, tag and prune change an existing store: they need it free of any host writing to it (exit 3
+otherwise). rm refuses a session with children or forks unless --subtree; rm and prune verify the
+store when they are done (exit 1 if it has problems).
 
 Exit codes:
   0  ok
   1  problems found: verify found damage or inconsistencies, or a damaged session stopped a read;
      import refused its file (a bad line, a digest that differs, a session held with other content)
-  2  usage: bad arguments, including a session the store does not hold
+  2  usage: bad arguments, including a session the store does not hold, and rm of a session
+     with children or forks without --subtree
   3  cannot open or read the file: missing, not a Lineage store, a newer format, cut short,
      damaged beneath its sessions, an I/O error";
 
@@ -51,7 +59,7 @@ pub struct Cli {
 pub enum Command {
     /// List every session: id, creation time, parent, origin, depth, events, turns, last stop
     /// reason, and whether its log ends inside an open turn.
-    Ls(StoreArgs),
+    Ls(LsArgs),
     /// Show the lineage tree: sessions under their parents, with each child's mode, label,
     /// provider and depth.
     Tree(TreeArgs),
@@ -73,6 +81,15 @@ pub enum Command {
     Import(ImportArgs),
     /// Show space used: sessions, events, bytes, and bytes per event by kind.
     Stats(StoreArgs),
+    /// Delete a session, refused while children or forks of it are stored unless --subtree
+    /// deletes them too; one transaction, then the store is verified.
+    Rm(RmArgs),
+    /// Set a session's title and tags (KEY=VALUE), recorded in its log; without changes, show
+    /// them.
+    Tag(TagArgs),
+    /// Delete root sessions (each with its whole subtree) whose last activity is older than a
+    /// limit, or beyond the N most recently active; then verify the store.
+    Prune(PruneArgs),
     /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
     /// result (no network: the models are scripted).
     Demo(DemoArgs),
@@ -141,6 +158,84 @@ pub struct StoreArgs {
     /// The store file.
     #[arg(value_name = "STORE")]
     pub store: PathBuf,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// The store file.
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// List only sessions with this tag (repeatable: every one must match).
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `rm`.
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// The store file (opened for writing: no host may hold it).
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Delete every session descending from it too (children and forks, recursively).
+    #[arg(long)]
+    pub subtree: bool,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `tag`.
+#[derive(Debug, Args)]
+pub struct TagArgs {
+    /// The store file (opened for writing when something changes: no host may hold it).
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// The session: its id, or the start of exactly one stored id.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// Tags to set, as KEY=VALUE.
+    #[arg(value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// Remove this tag (repeatable).
+    #[arg(long, value_name = "KEY")]
+    pub untag: Vec<String>,
+    /// Set the title.
+    #[arg(long, value_name = "TITLE", conflicts_with = "clear_title")]
+    pub title: Option<String>,
+    /// Clear the title.
+    #[arg(long)]
+    pub clear_title: bool,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// The store file (opened for writing unless --dry-run: no host may hold it).
+    #[arg(value_name = "STORE")]
+    pub store: PathBuf,
+    /// Delete the root trees last active longer ago than this: a number and a unit (s, m, h,
+    /// d, w), for example 30d or 1h30m.
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: Option<String>,
+    /// Keep the N most recently active root trees and delete the others.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<u64>,
+    /// Only say what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Output format.
     #[command(flatten)]
     pub output: Output,

@@ -7,7 +7,12 @@
 //! text (never coloured); `--json` gives JSON instead on every inspection command. Two hosts
 //! write stores: `demo` (scripted models) and `chat` (a real endpoint, see `lineage chat --help`);
 //! `import` writes one session read from JSON Lines (the stable form of `schema/JSON.md` that
-//! `export` writes, or a deepseek-harness session file), creating the store if missing.
+//! `export` writes, or a deepseek-harness session file), creating the store if missing. `rm`,
+//! `tag` and `prune` change an existing store (the data lifecycle): `rm` deletes a session
+//! (refused while children or forks of it are stored, unless `--subtree` deletes them too), `tag`
+//! records a title and `KEY=VALUE` tags in a session's log (`ls` shows them and filters with
+//! `--tag`), `prune` deletes root trees by last activity or count; `rm` and `prune` end with the
+//! store's `verify`. They open the store for writing, so a store a host holds is refused (exit 3).
 //!
 //! Exit codes:
 //!
@@ -15,7 +20,7 @@
 //! |---:|---|
 //! | 0 | ok |
 //! | 1 | problems found: `verify` found damage or inconsistencies, or a damaged session stopped a read (a corrupt record or block); `import` refused its file (nothing is written) |
-//! | 2 | usage: bad arguments, including a session id the store does not hold |
+//! | 2 | usage: bad arguments, including a session id the store does not hold, and `rm` of a session with children or forks without `--subtree` |
 //! | 3 | cannot open or read the file: missing, not a Lineage store, a store or session in a newer format, cut short, damaged beneath its sessions (the storage engine's own pages), an I/O error |
 //!
 //! Every failure prints one sentence on stderr, prefixed `lineage: `, in Lineage's words: the

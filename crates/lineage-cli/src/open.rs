@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 use lineage_log::SessionId;
-use lineage_store::{SessionInfo, Store};
+use lineage_store::{SessionInfo, Store, StoreError};
 
 use crate::error::CliError;
 
@@ -26,6 +26,42 @@ pub struct Opened {
 ///
 /// The path must name an existing file: a missing one is reported, never created.
 pub fn open(path: &Path) -> Result<Opened, CliError> {
+    let shown = path.display();
+    check_file(path)?;
+    let store = Store::open_read_only(path).map_err(|e| CliError::opening(path, e))?;
+    if store.awaits_recovery() {
+        note(format!(
+            "{shown} awaits recovery by its next writer (a writer stopped without closing it); \
+             showing its last durable commit"
+        ));
+    }
+    Ok(Opened {
+        store,
+        path: path.to_owned(),
+    })
+}
+
+/// Opens the existing store at `path` for writing (the commands that change a store: `rm`,
+/// `tag`, `prune`). The path must name an existing store; a missing one is reported, never
+/// created. A store that a host has open for writing cannot be opened (one writer per file):
+/// that is said in one sentence, exit 3.
+pub fn open_writable(path: &Path) -> Result<Opened, CliError> {
+    check_file(path)?;
+    let store = Store::open(path).map_err(|e| match e {
+        StoreError::AlreadyOpen { .. } => CliError::CannotOpen(format!(
+            "{} is open for writing by another process (a running host): stop it, then try again",
+            path.display()
+        )),
+        e => CliError::opening(path, e),
+    })?;
+    Ok(Opened {
+        store,
+        path: path.to_owned(),
+    })
+}
+
+/// Refuses a path that is missing, a directory or an empty file, before any open.
+fn check_file(path: &Path) -> Result<(), CliError> {
     let shown = path.display();
     match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -46,17 +82,7 @@ pub fn open(path: &Path) -> Result<Opened, CliError> {
         }
         Ok(_) => {}
     }
-    let store = Store::open_read_only(path).map_err(|e| CliError::opening(path, e))?;
-    if store.awaits_recovery() {
-        note(format!(
-            "{shown} awaits recovery by its next writer (a writer stopped without closing it); \
-             showing its last durable commit"
-        ));
-    }
-    Ok(Opened {
-        store,
-        path: path.to_owned(),
-    })
+    Ok(())
 }
 
 thread_local! {

@@ -3,26 +3,51 @@
 //! Turns, the last stop reason and the open turn come from the tail of each log only. A session's
 //! size is the sum of its stored blocks' lengths: one range scan per session that reads the
 //! blocks' pages but decodes nothing (`lineage stats` breaks the bytes down by event kind).
+//!
+//! The title and tags come from each session's `lineage.session/meta` events
+//! (`Store::session_meta`): a scan of the session's own blocks that decodes only its `custom`
+//! records, so a listing reads every session's bytes once, without replaying them. `--tag
+//! KEY=VALUE` (repeatable) lists only the sessions carrying every one of those tags.
 
 use std::io::Write;
 
-use lineage_log::Origin;
+use lineage_log::{Origin, SessionMeta};
 use serde_json::{Value, json};
 
+use super::tag::{tags_json, tags_text};
 use super::{Ending, ending, id_json, write_json};
-use crate::cli::StoreArgs;
+use crate::cli::LsArgs;
 use crate::error::{CliError, EXIT_OK};
 use crate::open::open;
 use crate::render::{Table, stop_label};
 use crate::time::iso_seconds_u64;
 
 /// Lists every session of the store, oldest first.
-pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+pub fn run(args: &LsArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+    let wanted = wanted_tags(&args.tags)?;
     let opened = open(&args.store)?;
     let sessions = opened.list()?;
     let mut rows = Vec::with_capacity(sessions.len());
+    let mut metas = Vec::with_capacity(sessions.len());
     let mut unreadable = Vec::new();
     for info in &sessions {
+        let meta = match opened.store.session_meta(info.header.id) {
+            Ok(meta) => Some(meta),
+            Err(e) => {
+                unreadable.push(opened.fail(e));
+                None
+            }
+        };
+        // With a filter, a session whose metadata cannot be read is not listed (its failure is
+        // still reported).
+        let listed = match &meta {
+            Some(meta) => meta.matches(wanted.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            None => wanted.is_empty(),
+        };
+        if !listed {
+            continue;
+        }
+        metas.push(meta);
         let size = opened
             .store
             .session_bytes(info.header.id)
@@ -48,9 +73,12 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     if args.output.json {
         let items: Vec<Value> = rows
             .iter()
-            .map(|(info, end, size)| {
+            .zip(&metas)
+            .map(|((info, end, size), meta)| {
                 let h = &info.header;
                 json!({
+                    "title": meta.as_ref().and_then(|m| m.title.as_deref()),
+                    "tags": meta.as_ref().map(tags_json),
                     "id": h.id.to_string(),
                     "created_at_ms": h.created_at_ms,
                     "created": iso_seconds_u64(h.created_at_ms),
@@ -83,10 +111,12 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
                 "LAST STOP",
                 "OPEN TURN",
                 "SIZE",
+                "TITLE",
+                "TAGS",
             ],
             &["DEPTH", "EVENTS", "TURNS", "SIZE"],
         );
-        for (info, end, size) in &rows {
+        for ((info, end, size), meta) in rows.iter().zip(&metas) {
             let h = &info.header;
             let (turns, stop, open) = match end {
                 Some(Ending {
@@ -111,6 +141,8 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
                 stop,
                 open,
                 size.map_or("?".to_owned(), human_bytes),
+                meta_title(meta.as_ref()),
+                meta.as_ref().map_or("?".to_owned(), tags_text),
             ]);
         }
         table.write(out)?;
@@ -137,8 +169,29 @@ fn origin_name(origin: Option<Origin>) -> Option<&'static str> {
     })
 }
 
+/// The `--tag` filters as (key, value) pairs.
+fn wanted_tags(tags: &[String]) -> Result<Vec<(String, String)>, CliError> {
+    tags.iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+            _ => Err(CliError::Usage(format!(
+                "--tag {pair:?} is not a tag: write --tag KEY=VALUE"
+            ))),
+        })
+        .collect()
+}
+
+/// The title column: the title, `-` without one, `?` when the metadata could not be read.
+fn meta_title(meta: Option<&SessionMeta>) -> String {
+    match meta {
+        Some(SessionMeta { title: Some(t), .. }) => t.clone(),
+        Some(_) => "-".to_owned(),
+        None => "?".to_owned(),
+    }
+}
+
 /// `bytes` in B, KiB, MiB or GiB, one decimal above bytes.
-fn human_bytes(bytes: u64) -> String {
+pub(super) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 3] = ["KiB", "MiB", "GiB"];
     if bytes < 1024 {
         return format!("{bytes} B");

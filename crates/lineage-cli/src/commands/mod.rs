@@ -1,6 +1,7 @@
-//! The subcommands. Each inspection command opens the store read-only (`import` opens it for
-//! writing), writes its result to `out`, and returns the exit code (0, or 1 when `verify` found
-//! problems or `import` refused its file).
+//! The subcommands. Each inspection command opens the store read-only (`import`, `rm`, `tag` and
+//! `prune` open it for writing), writes its result to `out`, and returns the exit code (0, or 1
+//! when `verify` found problems, `import` refused its file, or the store `rm` or `prune` changed
+//! does not verify).
 
 use std::io::{self, Write};
 
@@ -15,9 +16,13 @@ use crate::open::Opened;
 mod export;
 mod fold;
 mod import;
+mod lifecycle;
 mod ls;
+mod prune;
+mod rm;
 mod show;
 mod stats;
+mod tag;
 mod tail;
 mod tree;
 mod verify;
@@ -34,6 +39,9 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Export(args) => export::run(&args, out),
         Command::Import(args) => import::run(&args, out),
         Command::Stats(args) => stats::run(&args, out),
+        Command::Rm(args) => rm::run(&args, out),
+        Command::Tag(args) => tag::run(&args, out),
+        Command::Prune(args) => prune::run(&args, out),
         Command::Demo(args) => crate::demo::run(&args, out),
         // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the
         // session id of `--json` goes nowhere.

@@ -16,6 +16,10 @@
 //! ([`fold_session_meta`]) applies the events of the session's own suffix in order, so the last
 //! word on each field wins; a fork does not inherit its parent's title or tags (they are in its
 //! inherited prefix, which is context only).
+//!
+//! A host sets metadata with [`MetaUpdate`]: a live agent records its event with
+//! `Agent::record(update.to_custom()?)` (lineage-agent), a stored session gets it appended after
+//! its last event (what `lineage tag` does), and `Store::session_meta` or `lineage ls` read it back.
 
 use std::collections::BTreeMap;
 

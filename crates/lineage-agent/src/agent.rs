@@ -531,6 +531,19 @@ impl Agent {
     /// outcome, [`AgentError::FinalFlushFailed`] when the final flush failed. The agent is
     /// disposed either way.
     pub async fn try_dispose(self: &Arc<Self>) -> Result<(), AgentError> {
+        self.dispose_with(Queued::Discard).await
+    }
+
+    /// Disposes of the agent as a host shutting down does: as [`Agent::try_dispose`], except
+    /// that pending input stays queued in the log (a cancelled turn's claimed input is parked
+    /// too), so the agent resumed after a restart finds it there. A settlement notice that
+    /// reached an idle parent is not lost to a shutdown. If a disposal is already under way,
+    /// this waits for it and keeps its choice.
+    pub async fn shut_down(self: &Arc<Self>) -> Result<(), AgentError> {
+        self.dispose_with(Queued::Keep).await
+    }
+
+    async fn dispose_with(self: &Arc<Self>, queued: Queued) -> Result<(), AgentError> {
         let mut done = {
             let mut disposal = lock(&self.disposal);
             match &*disposal {
@@ -540,7 +553,7 @@ impl Agent {
                     *disposal = Some(rx.clone());
                     let agent = self.clone();
                     self.runtime.spawn(async move {
-                        let outcome = agent.dispose_now().await;
+                        let outcome = agent.dispose_now(queued).await;
                         tx.send_replace(Some(outcome));
                     });
                     rx
@@ -590,9 +603,9 @@ impl Agent {
         lock(&self.state).disposing
     }
 
-    async fn dispose_now(self: Arc<Self>) -> DisposalOutcome {
+    async fn dispose_now(self: Arc<Self>, queued: Queued) -> DisposalOutcome {
         lock(&self.state).disposing = true;
-        if let Err(error) = self.cancel(AbortCause::Disposed, Queued::Discard) {
+        if let Err(error) = self.cancel(AbortCause::Disposed, queued) {
             self.diagnose(
                 DiagnosticKind::DiscardFailed,
                 format!("disposal could not discard pending input: {error}"),

@@ -539,6 +539,16 @@ impl Agents {
             agent.dispose().await;
         }
     }
+
+    /// Shuts every live agent down ([`Agent::shut_down`]): their work is cancelled, their
+    /// pending input stays queued in their logs for the next resume. Best effort, like
+    /// disposal: a failure is published as a diagnostic and the others still shut down.
+    pub async fn shut_down_all(&self) {
+        for agent in self.list() {
+            // The failure is already published as a diagnostic.
+            let _ = agent.shut_down().await;
+        }
+    }
 }
 
 fn now_ms(header: &Header) -> i64 {

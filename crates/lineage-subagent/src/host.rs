@@ -5,7 +5,7 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-use lineage_agent::{Agent, AgentError, AgentStatus, Agents, Model, Queued, Tool};
+use lineage_agent::{Agent, AgentError, AgentSpec, AgentStatus, Agents, Model, Queued, Tool};
 use lineage_log::{
     AbortCause, Event, EventBody, Message, MessageSource, SessionId, Text, TurnEndReason, Usage,
 };
@@ -54,6 +54,14 @@ pub enum HostError {
     #[error("sending the prompt to agent {agent}: {source}")]
     Send {
         /// The root agent.
+        agent: SessionId,
+        /// Why.
+        source: AgentError,
+    },
+    /// The agent could not be resumed.
+    #[error("resuming agent {agent}: {source}")]
+    Resume {
+        /// The agent.
         agent: SessionId,
         /// Why.
         source: AgentError,
@@ -178,6 +186,19 @@ impl Host {
         Host::new(store, model)
     }
 
+    /// Resumes the stored agent `id` with `spec` (see [`Agents::resume`]) and tells it about
+    /// each continuable child of its that a crash stopped mid-turn
+    /// ([`SubagentRuntime::recover_children`]): the notices wait for its next turn.
+    pub async fn resume(&self, id: SessionId, spec: AgentSpec) -> Result<Arc<Agent>, HostError> {
+        let agent = self
+            .agents
+            .resume(id, spec)
+            .await
+            .map_err(|source| HostError::Resume { agent: id, source })?;
+        self.subagents.recover_children(&agent).await?;
+        Ok(agent)
+    }
+
     /// The delegation tools of a root agent: one `subagent`-like tool per config (a config
     /// this runtime cannot serve is left out, with a warning), then `send_message`,
     /// `interrupt_agent` and `list_agents`.
@@ -287,12 +308,13 @@ impl Host {
     }
 
     /// Shuts the host down in order: every resident child torn down (children first, each
-    /// parent told), then every agent disposed of (each one's final flush), then the store
-    /// closed (its last flush). Agents are disposed of and the store closed even when the
-    /// drain failed; the first failure is returned.
+    /// parent told), then every agent shut down (its pending input, those notices included,
+    /// kept queued for the next resume; each one's final flush), then the store closed (its
+    /// last flush). Agents are shut down and the store closed even when the drain failed; the
+    /// first failure is returned.
     pub async fn close(self) -> Result<(), HostError> {
         let drained = self.subagents.drain().await.map_err(HostError::from);
-        self.agents.dispose_all().await;
+        self.agents.shut_down_all().await;
         self.subagents.remove_listener(self.listener);
         drop(self.subagents);
         drop(self.agents);

@@ -199,6 +199,12 @@ pub(crate) fn settlement_summary(child: SessionId, stop: &StopReason) -> String 
     format!("{subject} {predicate}")
 }
 
+/// The first line of the notice of a continuable child whose turn a crash tore (see
+/// `continuation::recovery`): nobody settled it, its process stopped under it.
+pub(crate) fn crash_summary(child: SessionId) -> String {
+    format!("Background subagent {child} was stopped by a crash before it finished.")
+}
+
 /// `summary` cut to [`SUMMARY_BOUND`] characters, ending in an ellipsis when cut.
 pub(crate) fn bound_summary(summary: &str) -> String {
     if summary.chars().count() <= SUMMARY_BOUND {

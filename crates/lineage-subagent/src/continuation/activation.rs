@@ -240,13 +240,22 @@ impl SubagentRuntime {
                 };
                 birth::create_child(self.agents(), parent, plan).await?
             }
-            None => self.agents().resume(child, spec).await.map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::NotResumable,
-                    format!("subagent {child} is unavailable"),
-                )
-                .with_source(e)
-            })?,
+            None => {
+                let agent = self.agents().resume(child, spec).await.map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::NotResumable,
+                        format!("subagent {child} is unavailable"),
+                    )
+                    .with_source(e)
+                })?;
+                // The crash that tore this child may have torn its own continuable children:
+                // it hears of them before it runs again.
+                if let Err(error) = self.recover_children(&agent).await {
+                    agent.dispose().await;
+                    return Err(error);
+                }
+                agent
+            }
         };
         let mut ancestry = vec![Arc::downgrade(&agent)];
         ancestry.extend(lineage.iter().map(Arc::downgrade));

@@ -53,6 +53,7 @@ mod activation;
 mod admission;
 mod delivery;
 mod drain;
+mod recovery;
 mod request;
 mod teardown;
 

@@ -1,0 +1,165 @@
+//! After a crash: the continuable children of a resumed parent whose turn the crash tore.
+//!
+//! A crash stops a resident child mid-turn and nobody settles it, so its parent never hears of
+//! it. [`SubagentRuntime::recover_children`] finds those children in the store (their stored
+//! logs, no agent loaded) and gives the parent one settlement notice each, exactly once however
+//! many times the host restarts:
+//!
+//! 1. the notice has an id derived from the child and the seq of its torn turn's start, and it
+//!    is sent only if the parent's log does not hold that id already;
+//! 2. the parent's log is flushed, so the notice is durable;
+//! 3. only then is the child's torn turn closed (crash repair, durably), which is what stops it
+//!    from being found again. A crash between 2 and 3 finds the child again and step 1 skips it.
+
+use lineage_agent::Agent;
+use lineage_log::{
+    ContentBlock, DescriptorMode, Event, EventBody, InboxTarget, Message, MessageId, MessageSource,
+    Role, SessionId, fold_descriptor,
+};
+use lineage_store::{Store, StoreError};
+
+use super::*;
+use crate::outcome::{bound_summary, closing_message, crash_summary};
+
+/// A continuable child whose stored log ends in a turn a crash tore.
+struct Torn {
+    child: SessionId,
+    /// The seq of the torn turn's `turn/start`.
+    turn_start: u64,
+    /// The torn turn's closing message (what it wrote before the crash), if any.
+    closing: Vec<ContentBlock>,
+}
+
+impl SubagentRuntime {
+    /// Tells `parent` about every continuable child of its whose last turn a crash tore: one
+    /// settlement notice each ("was stopped by a crash before it finished", with what the turn
+    /// wrote), queued for the parent's next turn without waking it, then the child's turn closed
+    /// as crash repair would. Children live in this process are not looked at. Returns the
+    /// children told by this call; a repeated call (or one after another restart) tells none of
+    /// them again.
+    ///
+    /// Call it once a parent is resumed after a restart ([`crate::Host::resume`] does, and a
+    /// cold resume of a continuable child does it for the child's own children).
+    pub async fn recover_children(
+        &self,
+        parent: &Arc<Agent>,
+    ) -> Result<Vec<SessionId>, SubagentError> {
+        let store = parent.store().clone();
+        let parent_id = parent.id();
+        let torn = blocking(parent_id, move || find_torn(&store, parent_id)).await?;
+        let mut told = Vec::new();
+        let mut recovered = Vec::new();
+        for torn in torn {
+            // A live child's open turn is work in progress, not a crash.
+            if self.agents().get(torn.child).is_some() {
+                continue;
+            }
+            let notice = crash_notice(&torn);
+            if !holds_message(parent, notice.id) {
+                parent
+                    .send(notice, InboxTarget::NextTurn, false)
+                    .map_err(|e| SubagentError::agent(parent_id, e))?;
+                told.push(torn.child);
+            }
+            recovered.push(torn.child);
+        }
+        // The notices are durable before any child stops being torn.
+        parent
+            .flush()
+            .await
+            .map_err(|e| SubagentError::agent(parent_id, e))?;
+        for child in recovered {
+            let store = parent.store().clone();
+            blocking(child, move || store.load(child).map(|_| ())).await?;
+        }
+        Ok(told)
+    }
+}
+
+/// The continuable children of `parent` whose stored logs end in a torn turn.
+fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> {
+    let mut torn = Vec::new();
+    for child in store.children(parent)? {
+        let inspected = store.inspect(child)?;
+        if inspected.closers == 0 {
+            continue;
+        }
+        let events = &inspected.events[..inspected.events.len() - inspected.closers];
+        if fold_descriptor(events).is_none_or(|d| d.mode != DescriptorMode::Continuable) {
+            continue;
+        }
+        let Some(turn_start) = events
+            .iter()
+            .rposition(|e| matches!(e.body, EventBody::TurnStart(_)))
+        else {
+            continue;
+        };
+        torn.push(Torn {
+            child,
+            turn_start: events[turn_start].seq,
+            closing: closing_message(&events[turn_start..]),
+        });
+    }
+    Ok(torn)
+}
+
+/// The settlement notice of a torn child, with its derived id.
+fn crash_notice(torn: &Torn) -> Message {
+    let summary = crash_summary(torn.child);
+    let mut content = vec![ContentBlock::text(summary.clone())];
+    if torn.closing.is_empty() {
+        content.push(ContentBlock::text("It left no closing message."));
+    } else {
+        content.push(ContentBlock::text("Its closing message:"));
+        content.extend(torn.closing.iter().cloned());
+    }
+    Message {
+        id: crash_notice_id(torn.child, torn.turn_start),
+        role: Role::User,
+        content,
+        source: MessageSource::SubagentSettled {
+            sender: torn.child,
+            summary: bound_summary(&summary).into(),
+        },
+    }
+}
+
+/// The id of the crash notice of `child`'s turn that started at `turn_start`: the same on every
+/// restart.
+fn crash_notice_id(child: SessionId, turn_start: u64) -> MessageId {
+    MessageId::derived(&[
+        b"crash notice",
+        &child.as_u128().to_be_bytes(),
+        &turn_start.to_le_bytes(),
+    ])
+}
+
+/// Whether `agent`'s log holds the message `id` (queued, claimed or cancelled).
+fn holds_message(agent: &Agent, id: MessageId) -> bool {
+    agent.with_events(|events: &[Event]| {
+        events.iter().any(|e| match &e.body {
+            EventBody::InboxSpliced(splice) => splice.inserted.iter().any(|m| m.id == id),
+            EventBody::UserMessage(m) => m.id == id,
+            _ => false,
+        })
+    })
+}
+
+/// Runs a store operation on `session` off the async threads.
+async fn blocking<T: Send + 'static>(
+    session: SessionId,
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, SubagentError> {
+    let store_error = |e: StoreError| {
+        SubagentError::new(
+            ErrorCode::AgentFailure,
+            format!("recovering the children of a crash, session {session}: {e}"),
+        )
+    };
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(store_error),
+        Err(join) => Err(store_error(StoreError::Damaged {
+            reason: join.to_string(),
+        })),
+    }
+}

@@ -535,10 +535,10 @@ impl Agent {
     }
 
     /// Disposes of the agent as a host shutting down does: as [`Agent::try_dispose`], except
-    /// that pending input stays queued in the log (a cancelled turn's claimed input is parked
-    /// too), so the agent resumed after a restart finds it there. A settlement notice that
-    /// reached an idle parent is not lost to a shutdown. If a disposal is already under way,
-    /// this waits for it and keeps its choice.
+    /// that pending input stays queued in the log, so the agent resumed after a restart finds
+    /// it there: a settlement notice that reached an idle parent is not lost to a shutdown.
+    /// Input a running turn has claimed is not requeued (that turn ends `aborted`). If a
+    /// disposal is already under way, this waits for it and keeps its choice.
     pub async fn shut_down(self: &Arc<Self>) -> Result<(), AgentError> {
         self.dispose_with(Queued::Keep).await
     }

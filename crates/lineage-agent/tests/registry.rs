@@ -161,6 +161,30 @@ async fn dispose_is_shared_by_every_owner_and_leaves_the_session_stored() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn shut_down_keeps_pending_input_for_the_next_resume() {
+    let h = Harness::new([Response::hang()]);
+    let agent = h.agent().await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("work")).unwrap();
+    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    agent.followup(user("pending")).unwrap();
+    agent.shut_down().await.unwrap();
+    assert!(h.agents.get(agent.id()).is_none());
+    // The running turn ends as a disposal's does; its claimed input is not requeued.
+    assert_eq!(
+        turn_ends(&agent.events()),
+        [TurnEndReason::Aborted {
+            cause: AbortCause::Disposed
+        }]
+    );
+    assert_balanced(&agent.events());
+    let resumed = h.agents.resume(agent.id(), spec()).await.unwrap();
+    let pending = resumed.pending(InboxTarget::NextTurn);
+    assert_eq!(pending.len(), 1, "the queued message survives the shutdown");
+    assert_eq!(text_lines(&pending[0]), "pending");
+}
+
+#[tokio::test(start_paused = true)]
 async fn resume_continues_numbering_and_leaves_restored_work_parked() {
     let h = Harness::new([
         Response::text("one"),

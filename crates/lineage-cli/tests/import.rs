@@ -3,10 +3,11 @@
 //! verifies; a session file of deepseek-harness's JSON Lines store imports and verifies; a changed,
 //! cut or malformed file is refused naming its line, and nothing is written.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{run, run_with_stdin, s};
 use lineage_log::{
     ApprovalPolicy, Custom, DescriptorMode, EventBody, ForkSpec, Header, Opaque, PolicySource,
     SessionId, SubagentDescriptor,
@@ -17,82 +18,6 @@ use serde_json::Value;
 
 /// Creation time of every session built here.
 const T0: u64 = 1_750_000_000_000;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(self) -> Run {
-        assert_eq!(
-            self.code, 0,
-            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        assert!(self.stderr.is_empty(), "no stderr: {}", self.stderr);
-        self
-    }
-
-    /// Asserts exit `code` and one stderr sentence containing every needle.
-    fn fails(self, code: i32, needles: &[&str]) -> Run {
-        assert_eq!(
-            self.code, code,
-            "exit {code} expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "one sentence on stderr: {:?}", self.stderr);
-        assert!(lines[0].starts_with("lineage: "), "{:?}", lines[0]);
-        for needle in needles {
-            assert!(
-                lines[0].contains(needle),
-                "{:?} should contain {needle:?}",
-                lines[0]
-            );
-        }
-        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is JSON ({e}):\n{}", self.stdout))
-    }
-}
-
-fn run_with_stdin(args: &[&str], stdin: Option<&str>) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary runs");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(text.as_bytes()).unwrap();
-    }
-    let output = child.wait_with_output().unwrap();
-    Run {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
-    }
-}
-
-fn run(args: &[&str]) -> Run {
-    run_with_stdin(args, None)
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 temp path")
-}
 
 fn fixture_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek-harness-session.jsonl")

@@ -2,9 +2,11 @@
 //! `--subtree`), `tag` and `ls --tag`, and `prune` by age and by count; each followed by
 //! `lineage verify`. A store that a host holds for writing is refused with one sentence.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{run, s};
 use lineage_log::{Event, ForkSpec, Header, SessionId};
 use lineage_store::Store;
 use lineage_testkit::ev;
@@ -14,63 +16,6 @@ use serde_json::Value;
 /// Creation time of every session built here: 2025-06-15T15:06:40Z.
 const T0: i64 = 1_750_000_000_000;
 const DAY: i64 = 86_400_000;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is JSON ({e}):\n{}", self.stdout))
-    }
-
-    fn ok(self) -> Run {
-        assert_eq!(
-            self.code, 0,
-            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        assert!(self.stderr.is_empty(), "no stderr: {}", self.stderr);
-        self
-    }
-
-    /// Exit `code` and one stderr sentence containing every needle.
-    fn fails(self, code: i32, needles: &[&str]) -> Run {
-        assert_eq!(
-            self.code, code,
-            "exit {code} expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "one sentence on stderr: {:?}", self.stderr);
-        assert!(lines[0].starts_with("lineage: "), "{:?}", lines[0]);
-        for needle in needles {
-            assert!(lines[0].contains(needle), "{:?} lacks {needle:?}", lines[0]);
-        }
-        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
-        self
-    }
-}
-
-fn run(args: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary runs");
-    Run {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
-    }
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 temp path")
-}
 
 /// `lineage verify STORE` passes, and says how many sessions it checked.
 fn verify_clean(path: &Path, sessions: usize) {

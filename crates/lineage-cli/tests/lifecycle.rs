@@ -321,29 +321,29 @@ fn prune_deletes_root_trees_by_last_activity_or_count_and_verifies() {
     verify_clean(&path, 2);
 }
 
-/// Names the store the idle writer holds; without it the helper does nothing.
+/// Names the store the holder holds; it makes the held-store test's re-run the holder.
 const HOLDER_STORE_VAR: &str = "LINEAGE_CLI_LIFECYCLE_HOLDER";
 
-/// The holder: opens the store for writing, says `holding`, and waits to be killed.
-#[test]
-#[ignore = "helper process for the held-store test"]
-fn holder_child() {
-    let Ok(path) = std::env::var(HOLDER_STORE_VAR) else {
-        return;
-    };
-    let _store = Store::open(&path).expect("the holder opens the store");
+/// The holder (this test re-run with [`HOLDER_STORE_VAR`] set): opens the store for writing,
+/// says `holding`, and waits to be killed.
+fn hold(path: &str) {
+    let _store = Store::open(path).expect("the holder opens the store");
     report_line("holding");
     std::thread::sleep(std::time::Duration::from_secs(60));
 }
 
 #[test]
 fn a_store_a_host_holds_for_writing_is_refused_by_the_writing_commands() {
+    if let Ok(path) = std::env::var(HOLDER_STORE_VAR) {
+        return hold(&path);
+    }
     let (_dir, path) = temp_store();
     let store = Store::open(&path).unwrap();
     let a = root(&store, T0);
     store.close().unwrap();
     let p = s(&path);
-    let mut command = helper_command("holder_child");
+    let mut command =
+        helper_command("a_store_a_host_holds_for_writing_is_refused_by_the_writing_commands");
     command.env(HOLDER_STORE_VAR, &path);
     let mut holder = Helper::spawn(&mut command);
     let lines = holder.lines();

@@ -450,20 +450,16 @@ fn a_new_session_may_be_written_under_a_deleted_id() {
 // ---------------------------------------------------------------------------------------------
 // A writer killed while deleting.
 
-/// Names the store the deleting helper works on; without it the helper does nothing.
+/// Names the store the deleter works on; it makes the crash test's re-run the deleter.
 const DELETER_STORE_VAR: &str = "LINEAGE_STORE_DELETE_STORE";
 /// How many sessions the crash test's store holds.
 const CRASH_SESSIONS: usize = 24;
 
-/// The helper: opens the store and deletes its sessions oldest first, one commit each, saying
-/// `deleting <n>` before the n-th, until it is killed.
-#[test]
-#[ignore = "helper process for the killed-deleter test"]
-fn deleter_child() {
-    let Ok(path) = std::env::var(DELETER_STORE_VAR) else {
-        return;
-    };
-    let store = Store::open(&path).expect("the helper opens the store");
+/// The deleter (the crash test re-run with [`DELETER_STORE_VAR`] set): opens the store and
+/// deletes its sessions oldest first, one commit each, saying `deleting <n>` before the n-th,
+/// until it is killed.
+fn delete_until_killed(path: &str) {
+    let store = Store::open(path).expect("the helper opens the store");
     let sessions = ids(&store);
     report_line("ready");
     for (n, session) in sessions.into_iter().enumerate() {
@@ -476,6 +472,9 @@ fn deleter_child() {
 
 #[test]
 fn a_writer_killed_while_deleting_leaves_each_session_whole_or_gone() {
+    if let Ok(path) = std::env::var(DELETER_STORE_VAR) {
+        return delete_until_killed(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.lineage");
     let store = Store::open_with(&path, small_blocks(8)).unwrap();
@@ -489,7 +488,8 @@ fn a_writer_killed_while_deleting_leaves_each_session_whole_or_gone() {
     let before = Dump::of(&path);
 
     for kill_after in [1usize, 7, 15] {
-        let mut command = helper_command("deleter_child");
+        let mut command =
+            helper_command("a_writer_killed_while_deleting_leaves_each_session_whole_or_gone");
         command.env(DELETER_STORE_VAR, &path);
         let mut helper = Helper::spawn(&mut command);
         let lines = helper.lines();

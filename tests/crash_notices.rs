@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use lineage::agent::{AgentSpec, CreateAgent, Response, ScriptedCall, ToolOutput};
-use lineage::log::{EventBody, InboxTarget, Message, MessageSource, SessionId, TurnEndReason};
+use lineage::log::{InboxTarget, SessionId, TurnEndReason};
 use lineage::store::Store;
 use lineage::subagent::Host;
 use lineage_testkit::process::{crash_after_report, helper_command, report_line};
-use lineage_testkit::read::{assert_balanced, text_lines, turn_ends};
+use lineage_testkit::read::{
+    assert_balanced, notice_sender, settled_notices, text_lines, turn_ends,
+};
 use lineage_testkit::subagent::{FnTool, PARENT, Router, continuable, parent_spec};
 use tokio::sync::mpsc;
 
@@ -76,26 +78,6 @@ async fn host(path: &str) {
     std::future::pending::<()>().await;
 }
 
-/// The settlement notices queued in `lead`'s inbox log, in order.
-fn notices(events: &[lineage::log::Event]) -> Vec<Message> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
-            _ => None,
-        })
-        .flatten()
-        .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
-        .collect()
-}
-
-fn sender(message: &Message) -> SessionId {
-    match message.source {
-        MessageSource::SubagentSettled { sender, .. } => sender,
-        _ => unreachable!("a notice"),
-    }
-}
-
 #[tokio::test]
 async fn a_host_killed_with_two_children_mid_turn_tells_its_lead_once_of_each() {
     if let Ok(path) = std::env::var(STORE_VAR) {
@@ -115,11 +97,11 @@ async fn a_host_killed_with_two_children_mid_turn_tells_its_lead_once_of_each() 
     for restart in 1..=2 {
         let host = Host::open(&path, Arc::new(Router::default())).expect("the store opens");
         let lead = host.resume(lead_id, lead_spec(None)).await.unwrap();
-        let told = notices(&lead.events());
+        let told = settled_notices(&lead.events());
         assert_eq!(told.len(), 2, "restart {restart}: one notice per child");
         let text_of = |child| {
             told.iter()
-                .find(|m| sender(m) == child)
+                .find(|m| notice_sender(m) == child)
                 .map(text_lines)
                 .unwrap_or_else(|| panic!("restart {restart}: no notice for {child}"))
         };

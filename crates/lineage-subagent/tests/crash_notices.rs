@@ -88,24 +88,7 @@ fn host(path: &Path) -> Host {
 
 /// The settlement notices in `lead`'s log, each once per insertion.
 fn notices(lead: &Agent) -> Vec<Message> {
-    lead.with_events(|events| {
-        events
-            .iter()
-            .filter_map(|e| match &e.body {
-                EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
-                _ => None,
-            })
-            .flatten()
-            .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
-            .collect()
-    })
-}
-
-fn sender(message: &Message) -> SessionId {
-    match message.source {
-        MessageSource::SubagentSettled { sender, .. } => sender,
-        _ => unreachable!("a notice"),
-    }
+    lead.with_events(settled_notices)
 }
 
 fn assert_interrupted(store: &Store, child: SessionId) {
@@ -129,7 +112,7 @@ async fn a_resumed_parent_is_told_once_of_each_child_a_crash_stopped() {
     assert_eq!(told.len(), 2);
     let by = |child| {
         told.iter()
-            .find(|m| sender(m) == child)
+            .find(|m| notice_sender(m) == child)
             .map(text_lines)
             .expect("a notice for each child")
     };
@@ -164,7 +147,7 @@ async fn a_resumed_parent_is_told_once_of_each_child_a_crash_stopped() {
                 _ => None,
             })
             .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
-            .map(sender)
+            .map(notice_sender)
             .collect()
     });
     assert_eq!(read.len(), 2);
@@ -202,7 +185,7 @@ async fn a_crash_after_a_notice_was_durable_but_before_its_child_was_closed_tell
         .unwrap();
     let notice_a = notices(&lead)
         .into_iter()
-        .find(|m| sender(m) == a)
+        .find(|m| notice_sender(m) == a)
         .expect("a's notice");
     drop(lead);
     recovered.close().await.unwrap();
@@ -220,7 +203,7 @@ async fn a_crash_after_a_notice_was_durable_but_before_its_child_was_closed_tell
         .await
         .unwrap();
     assert_eq!(told, [b], "a was told already");
-    let senders: Vec<SessionId> = notices(&lead).iter().map(sender).collect();
+    let senders: Vec<SessionId> = notices(&lead).iter().map(notice_sender).collect();
     assert_eq!(senders.len(), 2);
     assert!(senders.contains(&a) && senders.contains(&b));
     assert_interrupted(&torn.store, a);
@@ -229,16 +212,11 @@ async fn a_crash_after_a_notice_was_durable_but_before_its_child_was_closed_tell
     torn.close().await.unwrap();
 }
 
-/// Every notice from `sender` that entered `events`' inboxes.
+/// Every notice from `sender_id` that entered `events`' inbox.
 fn notices_from(events: &[lineage_log::Event], sender_id: SessionId) -> usize {
-    events
+    settled_notices(events)
         .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::InboxSpliced(s) => Some(&s.inserted),
-            _ => None,
-        })
-        .flatten()
-        .filter(|m| matches!(m.source, MessageSource::SubagentSettled { sender, .. } if sender == sender_id))
+        .filter(|m| notice_sender(m) == sender_id)
         .count()
 }
 
@@ -302,7 +280,13 @@ async fn a_cold_resumed_child_is_told_once_of_its_own_child_a_crash_stopped() {
         let host = Host::new(Store::open(&crashed).unwrap(), router.clone()).unwrap();
         let lead = within(host.resume(lead_id, lead_spec(None))).await.unwrap();
         // The lead hears of a (torn) on the first restart only; a1 is a's child, not the lead's.
-        assert_eq!(notices(&lead).iter().filter(|m| sender(m) == a1).count(), 0);
+        assert_eq!(
+            notices(&lead)
+                .iter()
+                .filter(|m| notice_sender(m) == a1)
+                .count(),
+            0
+        );
         follow_up_and_settle(&host, &lead, a).await;
         host.store.flush_all().unwrap();
         let a_events = host.store.read_from(a, 0).unwrap();

@@ -2,7 +2,8 @@
 //! was said, and what the tools answered. They read; they never repair or reorder.
 
 use lineage_log::{
-    ContentBlock, Event, EventBody, Message, TurnEndReason, check_seed, is_balanced,
+    ContentBlock, Event, EventBody, Message, MessageSource, SessionId, TurnEndReason, check_seed,
+    is_balanced,
 };
 
 /// The display names of `events` (`turn/start`, `tool/result`, …), in log order.
@@ -19,6 +20,28 @@ pub fn turn_ends(events: &[Event]) -> Vec<TurnEndReason> {
             _ => None,
         })
         .collect()
+}
+
+/// The settlement notices that entered the inbox in `events` (`inbox/spliced` insertions of
+/// `subagent-settled` messages), once per insertion, in log order.
+pub fn settled_notices(events: &[Event]) -> Vec<Message> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
+            _ => None,
+        })
+        .flatten()
+        .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
+        .collect()
+}
+
+/// The child a settlement notice speaks of. Panics on any other message.
+pub fn notice_sender(notice: &Message) -> SessionId {
+    match notice.source {
+        MessageSource::SubagentSettled { sender, .. } => sender,
+        _ => panic!("not a settlement notice: {:?}", notice.source),
+    }
 }
 
 /// The texts of the user messages that entered the history (`user/message` events), in order.

@@ -10,10 +10,168 @@
 //!   Responses, Anthropic Messages) and a router. Off by default: it brings an HTTP client and
 //!   TLS, which a host with its own models does not need.
 //!
-//! A host runs a prompt to completion (the root agent and every child it delegates to quiet)
-//! and shuts down in one call:
+//! Each example below is the short form of a program in `examples/` that CI runs (`cargo run
+//! --release --example NAME`).
+//!
+//! # An agent with a tool, on a real endpoint
+//!
+//! A host opens a store, makes an agent, runs a prompt to completion (the agent and every child
+//! it delegates to quiet) and shuts down in one call. The endpoint here is a loopback server on
+//! 127.0.0.1 speaking the Chat Completions format from a script; `Models::from_env` puts a real
+//! one in its place (`examples/tool_agent.rs` does when `LINEAGE_MODEL` is set).
 //!
 //! ```
+//! use std::sync::Arc;
+//!
+//! use lineage::agent::{AgentSpec, BoxFuture, CreateAgent, Tool, ToolContext, ToolOutput};
+//! use lineage::models::{Endpoint, Models, Wire};
+//! use lineage::subagent::Host;
+//! use lineage_testkit::loopback::{LoopbackServer, chat};
+//! use serde_json::{Value, json};
+//!
+//! struct Add;
+//!
+//! impl Tool for Add {
+//!     fn name(&self) -> &str {
+//!         "add"
+//!     }
+//!     fn description(&self) -> &str {
+//!         "Adds two numbers and returns their sum."
+//!     }
+//!     fn input_schema(&self) -> Value {
+//!         json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}})
+//!     }
+//!     fn call(&self, _ctx: ToolContext, args: Value) -> BoxFuture<'_, ToolOutput> {
+//!         Box::pin(async move {
+//!             match (args["a"].as_f64(), args["b"].as_f64()) {
+//!                 (Some(a), Some(b)) => ToolOutput::text((a + b).to_string()),
+//!                 _ => ToolOutput::error("add", "BAD_NUMBERS", "`a` and `b` must be numbers"),
+//!             }
+//!         })
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("sessions.lineage");
+//! let server = LoopbackServer::start([
+//!     chat::tool_call("call-1", "add", r#"{"a": 19.5, "b": 22.5}"#),
+//!     chat::text("19.5 + 22.5 = 42."),
+//! ])
+//! .await?;
+//! let mut models = Models::new();
+//! models.endpoint(Endpoint::new("loopback", Wire::ChatCompletions, server.base_url()))?;
+//!
+//! let host = Host::open(&path, Arc::new(models))?;
+//! let spec = AgentSpec {
+//!     tools: vec![Arc::new(Add)],
+//!     ..AgentSpec::new("loopback", "scripted") // the endpoint and model its requests name
+//! };
+//! let agent = host.agents.create(CreateAgent::fresh(spec)).await?;
+//! let outcome = host.run(&agent, "What is 19.5 + 22.5?").await?;
+//! assert_eq!(outcome.text(), "19.5 + 22.5 = 42.");
+//! assert!(outcome.completed());
+//! host.close().await?; // children drained, agents shut down, the store flushed
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # A continuable child, a follow-up, a restart and a cold resume
+//!
+//! The lead gets the delegation tools; its model starts a background child with `subagent` and
+//! later talks to it with `send_message`. After a restart nothing of the child is in memory: the
+//! lead's message resumes it from its log, history and all. (The scripted model, which answers
+//! from the request alone, is hidden here; `examples/continuable_child.rs` shows one.)
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use lineage::agent::{AgentSpec, CreateAgent};
+//! use lineage::log::model_history;
+//! use lineage::subagent::tools::{BackgroundMode, SubagentToolConfig};
+//! use lineage::subagent::{ChildOptions, Host, SpawnProvider};
+//! # use lineage::agent::{ChunkStream, Model, ModelRequest, Response, ScriptedModel};
+//! # use lineage::log::{MessageSource, Role};
+//! #
+//! # /// The lead starts a worker, then asks it what the user asks; the worker counts its answers.
+//! # struct Story;
+//! #
+//! # impl Model for Story {
+//! #     fn stream(&self, request: ModelRequest) -> ChunkStream {
+//! #         let last = request.messages.last().expect("a request has messages");
+//! #         let worker = request.messages.iter().find_map(|m| match m.source {
+//! #             MessageSource::SubagentSettled { sender, .. } => Some(sender),
+//! #             _ => None,
+//! #         });
+//! #         let response = match (request.model.as_str(), &last.source, worker) {
+//! #             ("lead", MessageSource::User, None) => Response::tool_call(
+//! #                 "start",
+//! #                 "subagent",
+//! #                 r#"{"description": "notes", "prompt": "Summarize the notes.", "run_in_background": true}"#,
+//! #             ),
+//! #             ("lead", MessageSource::User, Some(worker)) => Response::tool_call(
+//! #                 "ask",
+//! #                 "send_message",
+//! #                 &format!(r#"{{"subagent_id": "{worker}", "message": "{}"}}"#, last.text()),
+//! #             ),
+//! #             ("lead", _, _) => Response::text("noted"),
+//! #             _ => {
+//! #                 let answered = request.messages.iter().filter(|m| m.role == Role::Assistant);
+//! #                 Response::text(&format!("answer {}", answered.count() + 1))
+//! #             }
+//! #         };
+//! #         ScriptedModel::new([response]).stream(request)
+//! #     }
+//! # }
+//!
+//! fn lead_spec(host: &Host) -> AgentSpec {
+//!     let delegate = SubagentToolConfig {
+//!         background: BackgroundMode::Continuable,
+//!         agent_options: ChildOptions { model: Some("worker".into()), ..ChildOptions::default() },
+//!         ..SubagentToolConfig::new(SpawnProvider::NAME)
+//!     };
+//!     AgentSpec {
+//!         tools: host.delegation_tools(vec![delegate]), // subagent, send_message, ...
+//!         ..AgentSpec::new("story", "lead")
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("sessions.lineage");
+//! let host = Host::open(&path, Arc::new(Story))?;
+//! let lead = host.agents.create(CreateAgent::fresh(lead_spec(&host))).await?;
+//! host.run(&lead, "Start a worker on the release notes.").await?; // until the worker settled
+//! host.run(&lead, "Which change matters most?").await?; // a follow-up: its second turn
+//! let (lead_id, worker) = (lead.id(), host.store.children(lead.id())?[0]);
+//! drop(lead);
+//! host.close().await?;
+//!
+//! let host = Host::open(&path, Arc::new(Story))?; // a new process, as it were
+//! let lead = host.resume(lead_id, lead_spec(&host)).await?;
+//! host.run(&lead, "Anything else?").await?; // resumes the worker from its log
+//! let events = host.store.read_from(worker, 0)?;
+//! let history = model_history(&events); // what its next model request would read
+//! assert_eq!(history.last().map(|m| m.text()).as_deref(), Some("answer 3"));
+//! # drop(lead);
+//! host.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # After a crash
+//!
+//! A host that comes back after a crash resumes each root with [`subagent::Host::resume`]: it
+//! finds, from the store, every continuable child whose turn the crash tore, and queues one
+//! settlement notice for each ("stopped by a crash before it finished", with its closing
+//! message), once, however often the host restarts. `examples/crash_recovery.rs` kills a real
+//! host process with SIGKILL to show it; here nothing crashed, so nothing is told.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
 //! use lineage::agent::{AgentSpec, CreateAgent, Response, ScriptedModel};
 //! use lineage::subagent::Host;
 //!
@@ -21,30 +179,42 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
 //! # let path = dir.path().join("sessions.lineage");
-//! let model = ScriptedModel::new([Response::text("four")]); // or a real endpoint's adapter
+//! # let host = Host::open(&path, ScriptedModel::new([Response::text("On it.")]))?;
+//! # let lead = host.agents.create(CreateAgent::fresh(AgentSpec::new("scripted", "any"))).await?;
+//! # host.run(&lead, "Index the files.").await?;
+//! # let lead_id = lead.id();
+//! # drop(lead);
+//! # host.close().await?;
+//! let model = ScriptedModel::new([Response::text("Nothing happened.")]);
 //! let host = Host::open(&path, model)?;
-//! let spec = AgentSpec::new("scripted", "any"); // the endpoint and model its requests name
-//! let root = host.agents.create(CreateAgent::fresh(spec)).await?;
-//! let outcome = host.run(&root, "what is 2 + 2?").await?;
-//! assert_eq!(outcome.text(), "four");
-//! host.close().await?; // children drained, agents disposed, the store flushed
+//! let lead = host.resume(lead_id, AgentSpec::new("scripted", "any")).await?; // notices queued
+//! let outcome = host.run(&lead, "What happened while I was away?").await?; // its turns read them
+//! assert_eq!(outcome.text(), "Nothing happened.");
+//! # drop(lead);
+//! host.close().await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! The store on its own:
+//! # The store on its own
 //!
-//! ```no_run
+//! The log and the store need no runtime (`examples/quickstart.rs` writes, forks, reloads after a
+//! simulated crash and verifies):
+//!
+//! ```
 //! use lineage::log::{Event, Header, SessionId, TurnStart};
 //! use lineage::store::Store;
 //!
-//! # fn main() -> Result<(), lineage::store::StoreError> {
-//! let store = Store::open("sessions.lineage")?;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("sessions.lineage");
+//! let store = Store::open(&path)?;
 //! let id = SessionId::new();
 //! store.create(Header::new(id, 1_700_000_000_000))?;
 //! store.append(id, &[Event::new(0, 1_700_000_000_000, TurnStart { turn: 1 })])?;
 //! let loaded = store.load(id)?; // the open turn is closed by crash repair
 //! assert_eq!(loaded.closers, 1);
+//! assert!(store.verify()?.is_ok());
 //! # Ok(())
 //! # }
 //! ```

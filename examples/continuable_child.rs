@@ -46,7 +46,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         println!("you: {prompt}\nlead: {}\n", outcome.text());
     }
     let lead_id = lead.id();
-    let worker = host.store.children(lead_id)?[0];
+    let worker = *host
+        .store
+        .children(lead_id)?
+        .first()
+        .ok_or("no worker was started")?;
     drop(lead);
     host.close().await?;
     println!(

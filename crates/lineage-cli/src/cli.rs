@@ -96,7 +96,55 @@ pub enum Command {
     /// Talk to a real model: a root agent that can delegate to subagents and read files in the
     /// working directory, its sessions written to a store (resume one with --resume).
     Chat(ChatArgs),
+    /// The Agent Client Protocol: `lineage acp serve` serves Lineage agents to an ACP client
+    /// (an editor, or another agent delegating) on stdin and stdout.
+    #[command(subcommand)]
+    Acp(AcpCommand),
 }
+
+/// The `acp` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AcpCommand {
+    /// Serve durable Lineage agents over ACP on stdin and stdout until stdin ends: every ACP
+    /// session is a session in the store (load one again by its id after a restart), and its
+    /// agent can delegate (`subagent`, `subagent_fork`) and read files in the session's cwd.
+    Serve(AcpServeArgs),
+}
+
+/// Arguments of `acp serve`.
+#[derive(Debug, Args)]
+#[command(after_help = ACP_SERVE_HELP)]
+pub struct AcpServeArgs {
+    /// The store file to write (created if missing).
+    #[arg(long, value_name = "PATH")]
+    pub store: PathBuf,
+    /// The model, as ENDPOINT:MODEL (default: $LINEAGE_MODEL), configured as for `chat`.
+    #[arg(long, value_name = "ENDPOINT:MODEL", conflicts_with = "script")]
+    pub model: Option<String>,
+    /// Answer from a script instead of a model: a JSON array of answers, taken in order by
+    /// every agent the server runs (see below).
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+    /// Ask the client to allow each call of this tool first (repeatable).
+    #[arg(long = "ask", value_name = "TOOL")]
+    pub ask: Vec<String>,
+}
+
+/// `acp serve --help`'s closing text.
+pub(crate) const ACP_SERVE_HELP: &str = "\
+stdout carries protocol frames only. When stdin ends, running prompts are cancelled, the
+children torn down and the store flushed; then the server exits 0.
+
+A script is a JSON array; each element answers one model request:
+  {\"text\": \"...\"}                       an answer
+  {\"max_tokens\": \"...\"}                 a partial answer cut at the output limit
+  {\"tool_call\": {\"name\": \"...\", \"arguments\": {...}}}
+  {\"error\": {\"code\": \"...\", \"message\": \"...\"}}   a failed request
+  {\"hang\": true}                         a request that waits until cancelled
+  {\"refuse\": true}                       the step is refused before the model is asked
+
+Example, as an ACP agent command:
+  lineage acp serve --store agents.lineage --model openai:gpt-4.1";
 
 /// Arguments of `chat`.
 #[derive(Debug, Args)]

@@ -33,6 +33,8 @@ pub enum CliError {
     Demo(String),
     /// The chat could not run, or a turn of its prompt failed (exit 1).
     Chat(String),
+    /// The ACP server could not start, or its connection or shutdown failed (exit 1).
+    Acp(String),
     /// `import` refused its file: a bad line, a digest that differs, a session the store holds
     /// with other content (exit 1). Nothing was written.
     Refused(String),
@@ -46,9 +48,11 @@ impl CliError {
             CliError::CannotOpen(_) => EXIT_CANNOT_OPEN,
             CliError::Damaged(_) => EXIT_PROBLEMS,
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => EXIT_OK,
-            CliError::Output(_) | CliError::Demo(_) | CliError::Chat(_) | CliError::Refused(_) => {
-                EXIT_PROBLEMS
-            }
+            CliError::Output(_)
+            | CliError::Demo(_)
+            | CliError::Chat(_)
+            | CliError::Acp(_)
+            | CliError::Refused(_) => EXIT_PROBLEMS,
         }
     }
 
@@ -60,6 +64,7 @@ impl CliError {
             | CliError::Damaged(m)
             | CliError::Demo(m)
             | CliError::Chat(m)
+            | CliError::Acp(m)
             | CliError::Refused(m) => Some(m.clone()),
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
             CliError::Output(e) => Some(format!("cannot write the output: {e}")),
@@ -74,6 +79,7 @@ impl CliError {
             CliError::Damaged(_) => CliError::Damaged(message),
             CliError::Demo(_) => CliError::Demo(message),
             CliError::Chat(_) => CliError::Chat(message),
+            CliError::Acp(_) => CliError::Acp(message),
             CliError::Refused(_) => CliError::Refused(message),
             output @ CliError::Output(_) => output,
         }

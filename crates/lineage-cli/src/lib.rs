@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acp;
 mod chat;
 mod cli;
 mod commands;
@@ -40,6 +41,7 @@ mod error;
 mod host;
 mod open;
 mod render;
+mod script;
 mod time;
 
 use std::ffi::OsString;
@@ -55,7 +57,8 @@ use crate::error::{EXIT_OK, EXIT_USAGE};
 /// `out` and its diagnostics to `err`, and returns the exit code: 0 ok, 1 problems found, 2 usage,
 /// 3 cannot open.
 ///
-/// Nothing is written anywhere else: neither the process's stdout nor its stderr is touched. A
+/// Nothing is written anywhere else: neither the process's stdout nor its stderr is touched,
+/// except by `acp serve`, whose protocol is the process's stdin and stdout. A
 /// write to `out` that fails because the reader went away (`BrokenPipe`) ends the command quietly
 /// with exit 0; a write to `err` that fails is ignored.
 pub fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
@@ -74,6 +77,10 @@ where
         Command::Chat(args) => {
             let result = chat::run(&args, out, err);
             return finish(result, Ok(()), err);
+        }
+        // The protocol's frames go to the process's own stdout, read from its stdin.
+        Command::Acp(cli::AcpCommand::Serve(args)) => {
+            return finish(acp::serve(&args), Ok(()), err);
         }
         command => command,
     };

@@ -11,7 +11,8 @@ fn main() -> ExitCode {
     let ran = std::panic::catch_unwind(|| {
         lineage_cli::run(
             std::env::args_os(),
-            &mut io::stdout().lock(),
+            // Not locked for the whole run: `acp serve` writes frames to stdout from another thread.
+            &mut io::stdout(),
             &mut io::stderr(),
         )
     });

@@ -21,7 +21,7 @@
 //! (on stderr with `--json`), for `--resume`.
 
 mod brake;
-mod files;
+pub(crate) mod files;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::Path;

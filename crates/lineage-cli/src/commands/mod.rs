@@ -46,6 +46,7 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the
         // session id of `--json` goes nowhere.
         Command::Chat(args) => crate::chat::run(&args, out, &mut io::sink()),
+        Command::Acp(crate::cli::AcpCommand::Serve(args)) => crate::acp::serve(&args),
     }
 }
 

@@ -60,6 +60,9 @@ pub struct SubagentToolConfig {
     pub tool_filter: Option<ToolFilter>,
     /// How deep the children may be (default 3).
     pub max_depth: MaxDepth,
+    /// What the tool tells the model it does, in place of the words for a fresh or a forked
+    /// child (an out-of-process provider's agent is neither); how the call returns is added.
+    pub description: Option<String>,
 }
 
 impl SubagentToolConfig {
@@ -74,7 +77,25 @@ impl SubagentToolConfig {
             persona: None,
             tool_filter: None,
             max_depth: MaxDepth::default(),
+            description: None,
         }
+    }
+
+    /// The in-process rows a host usually offers: `subagent`, a fresh continuable child
+    /// (`spawn`), and `subagent_fork`, a continuable child that sees the conversation (`fork`).
+    /// An out-of-process provider brings its own row.
+    pub fn in_process_rows() -> Vec<SubagentToolConfig> {
+        vec![
+            SubagentToolConfig {
+                background: BackgroundMode::Continuable,
+                ..SubagentToolConfig::new(crate::SpawnProvider::NAME)
+            },
+            SubagentToolConfig {
+                tool_name: "subagent_fork".into(),
+                background: BackgroundMode::Continuable,
+                ..SubagentToolConfig::new(crate::ForkProvider::NAME)
+            },
+        ]
     }
 }
 
@@ -146,10 +167,13 @@ impl SubagentTool {
         };
         let tool = Arc::new(SubagentTool {
             runtime: runtime.clone(),
-            descriptions: [
-                format!("{SPAWN_DESCRIPTION}{suffix}"),
-                format!("{FORK_DESCRIPTION}{suffix}"),
-            ],
+            descriptions: match &config.description {
+                Some(own) => [format!("{own}{suffix}"), format!("{own}{suffix}")],
+                None => [
+                    format!("{SPAWN_DESCRIPTION}{suffix}"),
+                    format!("{FORK_DESCRIPTION}{suffix}"),
+                ],
+            },
             guidance: format!(
                 "Run `{0}` in the background by default: start independent delegations together \
                  in one message and keep working while they run. Set `run_in_background` to false \

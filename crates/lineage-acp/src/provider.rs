@@ -1,0 +1,565 @@
+//! [`AcpProvider`]: one-shot delegation to any agent that speaks the Agent Client Protocol on
+//! its stdio, a fresh process per run.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema as acp;
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, Client};
+use lineage_agent::{Agent as LineageAgent, BoxFuture, Cancellation};
+use lineage_log::{ContentBlock, SessionId};
+use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
+use lineage_subagent::{
+    Capabilities, ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
+    SubagentRun, bound_diagnostic,
+};
+use tokio::sync::oneshot;
+
+use crate::process::{AgentProcess, DEFAULT_PASSTHROUGH, Launch, StderrTail, child_env};
+use crate::wire::{self, Malformed};
+
+/// How a child agent's permission requests are answered. Nobody is asked: a delegated run is
+/// unattended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PermissionPolicy {
+    /// Reject once (or cancel the request, when the agent offers no way to reject).
+    #[default]
+    Reject,
+    /// Allow once (or reject as above, when the agent offers no one-time allowance: a
+    /// delegated run never grants more than the one call).
+    AllowOnce,
+}
+
+/// How an [`AcpProvider`] runs its agent.
+#[derive(Clone, Debug)]
+pub struct AcpProviderConfig {
+    /// The provider's name, which delegations select it by.
+    pub name: String,
+    /// The agent's program, found on `PATH` when it has no directory part.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Its working directory; by default the delegating agent's (its session's `cwd`). Either
+    /// must be absolute and a directory.
+    pub cwd: Option<PathBuf>,
+    /// Variables set for the agent, credentials included: nothing else reaches it but these and
+    /// the passed-through ones.
+    pub env: Vec<(OsString, OsString)>,
+    /// The parent's variables passed through, unless credential-shaped
+    /// ([`crate::credential_shaped`]). Default [`DEFAULT_PASSTHROUGH`].
+    pub env_passthrough: Vec<OsString>,
+    /// How its permission requests are answered (default [`PermissionPolicy::Reject`]).
+    pub permission: PermissionPolicy,
+    /// How long disposal waits for the agent to exit once its stdin is closed (default 6 s).
+    pub eof_grace: Duration,
+    /// How long disposal waits after SIGTERM before SIGKILL (default 3 s).
+    pub term_grace: Duration,
+}
+
+impl AcpProviderConfig {
+    /// A provider named `name` running `program` with `args`, with the defaults.
+    pub fn new(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Self {
+        AcpProviderConfig {
+            name: name.into(),
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            cwd: None,
+            env: Vec::new(),
+            env_passthrough: DEFAULT_PASSTHROUGH.iter().map(OsString::from).collect(),
+            permission: PermissionPolicy::Reject,
+            eof_grace: Duration::from_secs(6),
+            term_grace: Duration::from_secs(3),
+        }
+    }
+}
+
+/// A one-shot provider whose children are ACP agents in processes of their own.
+///
+/// A start spawns the agent in its own process group, in the delegating agent's working
+/// directory, with an allow-listed environment; sends `initialize` and `session/new`; and only
+/// then publishes the run, whose id is minted here (the agent's own session id stays private).
+/// The run sends the task as `session/prompt`, collects the answer from `agent_message_chunk`
+/// updates and maps the stop reason. Cancelling sends `session/cancel` and settles `aborted` at
+/// once. Disposal closes stdin, waits [`AcpProviderConfig::eof_grace`], SIGTERMs the group,
+/// waits [`AcpProviderConfig::term_grace`], SIGKILLs it and reaps it: no process of the group
+/// survives.
+///
+/// It supports no start-time option (a request for one is refused before a process starts),
+/// its children never see the parent's conversation, and delegation depth is the agent's own
+/// business ([`MaxDepth::ProviderManaged`] in its tool row, [`AcpProvider::tool_row`]).
+#[derive(Clone, Debug)]
+pub struct AcpProvider {
+    config: Arc<AcpProviderConfig>,
+}
+
+impl AcpProvider {
+    /// A provider set up by `config`.
+    pub fn new(config: AcpProviderConfig) -> Self {
+        AcpProvider {
+            config: Arc::new(config),
+        }
+    }
+
+    /// The delegation tool row for this provider: a one-shot tool named `tool_name`, the depth
+    /// left to the provider, described as an outside agent.
+    pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
+        SubagentToolConfig {
+            tool_name: tool_name.into(),
+            background: BackgroundMode::OneShot,
+            max_depth: MaxDepth::ProviderManaged,
+            description: Some(format!(
+                "Hands a self-contained task to `{}`, an agent that runs in a process of its own \
+                 and speaks the Agent Client Protocol. It cannot see this conversation, so the \
+                 prompt must say everything it needs to know. You get its final answer.",
+                self.config.name
+            )),
+            ..SubagentToolConfig::new(&self.config.name)
+        }
+    }
+}
+
+impl Provider for AcpProvider {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+
+    fn start(
+        &self,
+        request: ResolvedStart,
+    ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
+        let config = self.config.clone();
+        // Read now: the parent as it was when the delegation was asked for.
+        let cwd = working_directory(&config, &request.request.parent);
+        let prompt = request.request.prompt;
+        let cancel = request.request.cancel;
+        Box::pin(async move { start(config, cwd?, prompt, cancel).await })
+    }
+}
+
+/// The agent's working directory: the configured one, else the parent's.
+fn working_directory(
+    config: &AcpProviderConfig,
+    parent: &LineageAgent,
+) -> Result<PathBuf, SubagentError> {
+    let cwd = match &config.cwd {
+        Some(cwd) => cwd.clone(),
+        None => match &parent.header().cwd {
+            Some(cwd) => PathBuf::from(cwd.as_str()),
+            None => {
+                return Err(refusal(
+                    &config.name,
+                    format!(
+                        "agent {} has no working directory and the provider names none",
+                        parent.id()
+                    ),
+                ));
+            }
+        },
+    };
+    if !cwd.is_absolute() || !cwd.is_dir() {
+        return Err(refusal(
+            &config.name,
+            format!(
+                "the working directory {} is not an absolute path to a directory",
+                cwd.display()
+            ),
+        ));
+    }
+    Ok(cwd)
+}
+
+fn refusal(name: &str, message: String) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::InvalidRequest,
+        format!("ACP agent {name}: {message}"),
+    )
+}
+
+/// Where a run failed, named in its diagnostic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Spawn,
+    Initialize,
+    SessionNew,
+    Prompt,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Spawn => "spawn",
+            Stage::Initialize => "initialize",
+            Stage::SessionNew => "session-new",
+            Stage::Prompt => "prompt",
+        }
+    }
+}
+
+/// How long a failure waits for the agent's exit status: a connection that broke is most often
+/// an agent exiting, whose status explains it.
+const EXIT_WAIT: Duration = Duration::from_millis(500);
+
+/// What a failure reports about the process, gathered after the fact.
+struct Evidence {
+    status: Option<ExitStatus>,
+    stderr: StderrTail,
+    malformed: Malformed,
+}
+
+/// A failure at `stage`, for people: what went wrong, the exit status, a malformed frame if
+/// one came, and the stderr tail; at most [`lineage_subagent::MAX_DIAGNOSTIC_BYTES`].
+fn diagnostic(name: &str, stage: Stage, what: &str, evidence: &Evidence) -> String {
+    let mut text = format!(
+        "ACP agent {name} failed at stage {}: {what}",
+        stage.as_str()
+    );
+    match evidence.status {
+        Some(status) => text.push_str(&format!("; the process exited ({status})")),
+        None => text.push_str("; the process was still running"),
+    }
+    if let Some(frame) = evidence
+        .malformed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+    {
+        text.push_str(&format!("; it wrote a line that is not a frame: {frame:?}"));
+    }
+    let stderr = evidence.stderr.text();
+    if !stderr.is_empty() {
+        text.push_str("\nstderr (last lines):\n");
+        text.push_str(&stderr);
+    }
+    bound_diagnostic(&text)
+}
+
+/// The open connection of one run.
+struct Session {
+    name: String,
+    connection: ConnectionTo<Agent>,
+    id: acp::SessionId,
+    /// The `agent_message_chunk` texts so far.
+    answer: Arc<Mutex<String>>,
+    process: Arc<tokio::sync::Mutex<AgentProcess>>,
+    stderr: StderrTail,
+    malformed: Malformed,
+}
+
+impl Session {
+    async fn evidence(&self) -> Evidence {
+        let status = self.process.lock().await.wait_exit(EXIT_WAIT).await;
+        Evidence {
+            status,
+            stderr: self.stderr.clone(),
+            malformed: self.malformed.clone(),
+        }
+    }
+
+    fn answer(&self) -> Vec<ContentBlock> {
+        let text = self
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![ContentBlock::text(text)]
+        }
+    }
+
+    /// Sends the task and waits for the stop reason, or for `cancel`.
+    async fn run(
+        self: Arc<Self>,
+        prompt: Vec<ContentBlock>,
+        cancel: Cancellation,
+    ) -> SubagentResult {
+        let blocks = prompt
+            .iter()
+            .filter_map(|block| match block {
+                ContentBlock::Text { text } => Some(acp::ContentBlock::Text(
+                    acp::TextContent::new(text.as_str()),
+                )),
+                _ => None,
+            })
+            .collect();
+        let request = acp::PromptRequest::new(self.id.clone(), blocks);
+        let answered = tokio::select! {
+            answered = self.connection.send_request(request).block_task() => answered,
+            _ = cancel.cancelled() => {
+                let _ = self
+                    .connection
+                    .send_notification(acp::CancelNotification::new(self.id.clone()));
+                return self.result(StopReason::Aborted, None);
+            }
+        };
+        match answered {
+            Ok(response) => {
+                let (reason, note) = stop_reason(&response.stop_reason);
+                self.result(reason, note)
+            }
+            Err(error) => {
+                let evidence = self.evidence().await;
+                let what = rpc_error(&error);
+                let text = diagnostic(&self.name, Stage::Prompt, &what, &evidence);
+                self.result(StopReason::Error, Some(text))
+            }
+        }
+    }
+
+    fn result(&self, stop_reason: StopReason, diagnostic: Option<String>) -> SubagentResult {
+        SubagentResult {
+            output: self.answer(),
+            structured: None,
+            diagnostic,
+            stop_reason,
+        }
+    }
+}
+
+/// A protocol error for people: its message, and its data on the same line.
+fn rpc_error(error: &agent_client_protocol::Error) -> String {
+    match &error.data {
+        Some(data) => format!("{} ({data})", error.message),
+        None => error.message.clone(),
+    }
+}
+
+/// The protocol's stop reason as a run's: `max_turn_requests` and reasons this version does not
+/// know are failures, with a diagnostic that names them.
+fn stop_reason(reason: &acp::StopReason) -> (StopReason, Option<String>) {
+    match reason {
+        acp::StopReason::EndTurn => (StopReason::Completed, None),
+        acp::StopReason::MaxTokens => (StopReason::MaxTokens, None),
+        acp::StopReason::Refusal => (StopReason::Refusal, None),
+        acp::StopReason::Cancelled => (StopReason::Aborted, None),
+        other => (
+            StopReason::Error,
+            Some(format!("the agent stopped with {other:?}")),
+        ),
+    }
+}
+
+/// The answer `policy` gives to a permission request.
+fn permission_answer(
+    policy: PermissionPolicy,
+    request: &acp::RequestPermissionRequest,
+) -> acp::RequestPermissionResponse {
+    let find = |kind: acp::PermissionOptionKind| {
+        request
+            .options
+            .iter()
+            .find(|option| option.kind == kind)
+            .map(|option| option.option_id.clone())
+    };
+    let chosen = match policy {
+        PermissionPolicy::AllowOnce => find(acp::PermissionOptionKind::AllowOnce),
+        PermissionPolicy::Reject => None,
+    }
+    .or_else(|| find(acp::PermissionOptionKind::RejectOnce));
+    acp::RequestPermissionResponse::new(match chosen {
+        Some(option) => {
+            acp::RequestPermissionOutcome::Selected(acp::SelectedPermissionOutcome::new(option))
+        }
+        None => acp::RequestPermissionOutcome::Cancelled,
+    })
+}
+
+/// The whole start: spawn, connect, `initialize`, `session/new`, then the run published.
+async fn start(
+    config: Arc<AcpProviderConfig>,
+    cwd: PathBuf,
+    prompt: Vec<ContentBlock>,
+    cancel: Cancellation,
+) -> Result<SubagentRun, SubagentError> {
+    let name = config.name.clone();
+    let launch = Launch {
+        program: config.program.as_os_str(),
+        args: &config.args,
+        cwd: &cwd,
+        env: child_env(std::env::vars_os(), &config.env_passthrough, &config.env),
+    };
+    let (process, stdout) = AgentProcess::spawn(launch).map_err(|error| {
+        let what = format!("cannot run {}: {error}", config.program.display());
+        let text = format!(
+            "ACP agent {name} failed at stage {}: {what}",
+            Stage::Spawn.as_str()
+        );
+        SubagentError::new(ErrorCode::AgentFailure, bound_diagnostic(&text))
+    })?;
+    let stderr = process.stderr.clone();
+    let malformed = Malformed::default();
+    let transport = wire::lines(stdout, process.stdin.clone(), Some(malformed.clone()));
+    let group = process.group();
+    let process = Arc::new(tokio::sync::Mutex::new(process));
+    let answer = Arc::new(Mutex::new(String::new()));
+    let (connected, connection) = oneshot::channel();
+    let (close, closed) = oneshot::channel::<()>();
+    let policy = config.permission;
+    let client = Client
+        .v1()
+        .name("lineage")
+        .on_receive_notification(
+            {
+                let answer = answer.clone();
+                async move |notification: acp::SessionNotification, _cx| {
+                    if let acp::SessionUpdate::AgentMessageChunk(chunk) = notification.update
+                        && let acp::ContentBlock::Text(text) = chunk.content
+                    {
+                        answer
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push_str(&text.text);
+                    }
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: acp::RequestPermissionRequest,
+                        responder: Responder<acp::RequestPermissionResponse>,
+                        _cx| { responder.respond(permission_answer(policy, &request)) },
+            agent_client_protocol::on_receive_request!(),
+        );
+    let driver = tokio::spawn(client.connect_with(
+        transport,
+        async move |cx: ConnectionTo<Agent>| {
+            let _ = connected.send(cx);
+            // Open until the run is disposed of (or the agent goes away).
+            let _ = closed.await;
+            Ok(())
+        },
+    ));
+    let mut session = Session {
+        name: name.clone(),
+        connection: match connection.await {
+            Ok(connection) => connection,
+            Err(_) => {
+                let what = match driver.await {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => "the connection did not start".to_owned(),
+                };
+                return Err(failed_start(
+                    &name,
+                    Stage::Initialize,
+                    &what,
+                    &process,
+                    &stderr,
+                    &malformed,
+                )
+                .await);
+            }
+        },
+        id: acp::SessionId::new(""),
+        answer,
+        process: process.clone(),
+        stderr: stderr.clone(),
+        malformed: malformed.clone(),
+    };
+    let handshake = async {
+        let initialize = acp::InitializeRequest::new(ProtocolVersion::V1).client_info(
+            acp::Implementation::new("lineage", env!("CARGO_PKG_VERSION")),
+        );
+        session
+            .connection
+            .send_request(initialize)
+            .block_task()
+            .await
+            .map_err(|e| (Stage::Initialize, rpc_error(&e)))?;
+        let new = acp::NewSessionRequest::new(cwd.clone());
+        session
+            .connection
+            .send_request(new)
+            .block_task()
+            .await
+            .map(|created| created.session_id)
+            .map_err(|e| (Stage::SessionNew, rpc_error(&e)))
+    };
+    let handshake = tokio::select! {
+        done = handshake => done,
+        cause = cancel.cancelled() => Err((Stage::Initialize, format!("cancelled ({cause:?})"))),
+    };
+    session.id = match handshake {
+        Ok(id) => id,
+        Err((stage, what)) => {
+            let _ = close.send(());
+            let error = failed_start(&name, stage, &what, &process, &stderr, &malformed).await;
+            let _ = driver.await;
+            return Err(if cancel.is_cancelled() {
+                SubagentError::new(ErrorCode::Cancelled, error.message().to_owned())
+            } else {
+                error
+            });
+        }
+    };
+    let session = Arc::new(session);
+    let id = SessionId::new();
+    tracing::debug!(provider = %name, run = %id, ?group, "ACP agent started");
+    let result = {
+        let session = session.clone();
+        async move { Ok(session.run(prompt, cancel).await) }
+    };
+    let dispose = move || -> BoxFuture<'static, Result<(), SubagentError>> {
+        Box::pin(async move {
+            // Best effort: a prompt still running is told to stop before its input closes.
+            let _ = session
+                .connection
+                .send_notification(acp::CancelNotification::new(session.id.clone()));
+            let _ = close.send(());
+            let ladder = process
+                .lock()
+                .await
+                .shut_down(config.eof_grace, config.term_grace)
+                .await;
+            tracing::debug!(provider = %config.name, run = %id, ?ladder, "ACP agent gone");
+            let _ = driver.await;
+            Ok(())
+        })
+    };
+    Ok(SubagentRun::new(id, None, result, dispose))
+}
+
+/// A start that failed before its run was published: the group killed and reaped first, then
+/// the error naming the stage and the exit status.
+async fn failed_start(
+    name: &str,
+    stage: Stage,
+    what: &str,
+    process: &tokio::sync::Mutex<AgentProcess>,
+    stderr: &StderrTail,
+    malformed: &Malformed,
+) -> SubagentError {
+    let status = {
+        let mut process = process.lock().await;
+        let status = process.wait_exit(EXIT_WAIT).await;
+        process.kill().await;
+        status
+    };
+    let evidence = Evidence {
+        status,
+        stderr: stderr.clone(),
+        malformed: malformed.clone(),
+    };
+    SubagentError::new(
+        ErrorCode::AgentFailure,
+        diagnostic(name, stage, what, &evidence),
+    )
+}

@@ -1,0 +1,290 @@
+//! `lineage acp serve` as a real child process, driven by the protocol crate's own client:
+//! the handshake, streamed updates, `session/load` after the server was killed, and the drain
+//! at end of input.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema as acp;
+use agent_client_protocol::{Agent, ByteStreams, Client};
+use lineage_log::{EventBody, MessageSource, SessionId, TurnEndReason};
+use lineage_store::Store;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+/// What the client saw of the session's updates, in order, as short words.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn describe(update: &acp::SessionUpdate) -> String {
+    let text = |chunk: &acp::ContentChunk| match &chunk.content {
+        acp::ContentBlock::Text(t) => t.text.clone(),
+        other => format!("{other:?}"),
+    };
+    match update {
+        acp::SessionUpdate::UserMessageChunk(c) => format!("user: {}", text(c)),
+        acp::SessionUpdate::AgentMessageChunk(c) => format!("agent: {}", text(c)),
+        acp::SessionUpdate::AgentThoughtChunk(c) => format!("thought: {}", text(c)),
+        acp::SessionUpdate::ToolCall(call) => {
+            format!("tool_call {} {}", call.tool_call_id.0, call.title)
+        }
+        acp::SessionUpdate::ToolCallUpdate(update) => format!(
+            "tool_call_update {} {:?}",
+            update.tool_call_id.0,
+            update.fields.status.unwrap_or(acp::ToolCallStatus::Pending)
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Runs `lineage acp serve` on `store` with `script` and `session` against it through the
+/// reference client; returns what `session` returned, the updates seen and the server's exit.
+async fn with_server<T: Send + 'static>(
+    store: &Path,
+    script: &Path,
+    session: impl AsyncFnOnce(ConnectionTo<Agent>) -> Result<T, agent_client_protocol::Error>
+    + Send
+    + 'static,
+) -> (T, Vec<String>, tokio::process::Child) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lineage"))
+        .args(["acp", "serve", "--store"])
+        .arg(store)
+        .arg("--script")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let seen = Seen::default();
+    let out = Client
+        .v1()
+        .on_receive_notification(
+            {
+                let seen = seen.clone();
+                async move |notification: acp::SessionNotification, _cx| {
+                    seen.lock().unwrap().push(describe(&notification.update));
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_with(
+            ByteStreams::new(stdin.compat_write(), stdout.compat()),
+            session,
+        )
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    (out, seen, child)
+}
+
+async fn exit_of(mut child: tokio::process::Child) -> ExitStatus {
+    tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the server did not exit at end of input")
+        .unwrap()
+}
+
+struct Dir {
+    dir: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Dir {
+        Dir {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn script(&self, name: &str, json: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, json).unwrap();
+        path
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("served.lineage")
+    }
+
+    fn cwd(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+}
+
+async fn new_session(
+    cx: &ConnectionTo<Agent>,
+    cwd: PathBuf,
+) -> Result<acp::SessionId, agent_client_protocol::Error> {
+    cx.send_request(acp::InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await?;
+    Ok(cx
+        .send_request(acp::NewSessionRequest::new(cwd))
+        .block_task()
+        .await?
+        .session_id)
+}
+
+fn prompt(session: &acp::SessionId, text: &str) -> acp::PromptRequest {
+    acp::PromptRequest::new(
+        session.clone(),
+        vec![acp::ContentBlock::Text(acp::TextContent::new(text))],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_client_sees_the_handshake_and_streamed_updates() {
+    let dir = Dir::new();
+    std::fs::write(dir.dir.path().join("a.txt"), "a").unwrap();
+    let script = dir.script(
+        "script.json",
+        r#"[{"tool_call": {"name": "list_dir", "arguments": {"path": "."}}}, {"text": "listed"}]"#,
+    );
+    let cwd = dir.cwd();
+    let ((init, stop, unknown, relative), seen, child) =
+        with_server(&dir.store(), &script, async move |cx| {
+            let init = cx
+                .send_request(acp::InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            let session = cx
+                .send_request(acp::NewSessionRequest::new(cwd))
+                .block_task()
+                .await?
+                .session_id;
+            let stop = cx
+                .send_request(prompt(&session, "list the files"))
+                .block_task()
+                .await?
+                .stop_reason;
+            let unknown = cx
+                .send_request(prompt(
+                    &acp::SessionId::new(SessionId::new().to_string()),
+                    "hi",
+                ))
+                .block_task()
+                .await
+                .unwrap_err();
+            let relative = cx
+                .send_request(acp::NewSessionRequest::new("relative/dir"))
+                .block_task()
+                .await
+                .unwrap_err();
+            Ok((init, stop, unknown, relative))
+        })
+        .await;
+    assert!(init.agent_capabilities.load_session);
+    assert_eq!(init.agent_info.unwrap().name, "lineage");
+    assert_eq!(stop, acp::StopReason::EndTurn);
+    assert_eq!(
+        seen,
+        [
+            "tool_call call-1 list_dir",
+            "tool_call_update call-1 InProgress",
+            "tool_call_update call-1 Completed",
+            "agent: listed",
+        ]
+    );
+    assert_eq!(unknown.code.value(), -32002, "{unknown:?}");
+    assert_eq!(relative.code.value(), -32602, "{relative:?}");
+    assert!(exit_of(child).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_loads_after_the_server_was_killed_and_its_log_continues() {
+    let dir = Dir::new();
+    let first = dir.script("first.json", r#"[{"text": "answer one"}]"#);
+    let cwd = dir.cwd();
+    let (session, _, mut child) = with_server(&dir.store(), &first, async move |cx| {
+        let session = new_session(&cx, cwd).await?;
+        let stop = cx
+            .send_request(prompt(&session, "first"))
+            .block_task()
+            .await?
+            .stop_reason;
+        assert_eq!(stop, acp::StopReason::EndTurn);
+        Ok(session)
+    })
+    .await;
+    // SIGKILL: no drain, no last flush. The answer promised the turn was durable.
+    child.kill().await.unwrap();
+
+    let second = dir.script("second.json", r#"[{"text": "answer two"}]"#);
+    let cwd = dir.cwd();
+    let loaded = session.clone();
+    let (stop, seen, child) = with_server(&dir.store(), &second, async move |cx| {
+        cx.send_request(acp::InitializeRequest::new(ProtocolVersion::V1))
+            .block_task()
+            .await?;
+        cx.send_request(acp::LoadSessionRequest::new(loaded.clone(), cwd))
+            .block_task()
+            .await?;
+        Ok(cx
+            .send_request(prompt(&loaded, "second"))
+            .block_task()
+            .await?
+            .stop_reason)
+    })
+    .await;
+    assert_eq!(stop, acp::StopReason::EndTurn);
+    assert_eq!(
+        seen,
+        ["user: first", "agent: answer one", "agent: answer two"],
+        "the history replayed, then the new answer"
+    );
+    assert!(exit_of(child).await.success());
+
+    let store = Store::open(dir.store()).unwrap();
+    assert!(store.verify().unwrap().is_ok());
+    let id: SessionId = session.0.parse().unwrap();
+    let log = store.load(id).unwrap();
+    assert_eq!(log.closers, 0);
+    let prompts: Vec<String> = log
+        .events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::UserMessage(m) if m.source == MessageSource::User => Some(m.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(prompts, ["first", "second"]);
+    let ends: Vec<&TurnEndReason> = log
+        .events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TurnEnd(end) => Some(&end.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, [&TurnEndReason::Completed, &TurnEndReason::Completed]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_of_input_cancels_the_running_prompt_flushes_and_exits_zero() {
+    let dir = Dir::new();
+    let script = dir.script("hang.json", r#"[{"hang": true}]"#);
+    let cwd = dir.cwd();
+    let (session, _, child) = with_server(&dir.store(), &script, async move |cx| {
+        let session = new_session(&cx, cwd).await?;
+        // Sent, never waited for: the input ends while the turn hangs.
+        drop(cx.send_request(prompt(&session, "wait forever")));
+        Ok(session)
+    })
+    .await;
+    assert!(exit_of(child).await.success());
+    let store = Store::open(dir.store()).unwrap();
+    let log = store.load(session.0.parse().unwrap()).unwrap();
+    assert_eq!(log.closers, 0, "the drain closed the turn itself");
+    assert!(
+        log.events.iter().any(|e| matches!(
+            &e.body,
+            EventBody::TurnEnd(end) if matches!(end.reason, TurnEndReason::Aborted { .. })
+        )),
+        "the hung turn ended aborted"
+    );
+}

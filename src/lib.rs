@@ -8,7 +8,9 @@
 //! - [`subagent`]: delegation (providers, spawn and fork, one-shot and continuable children);
 //! - `models` (feature `models`): model adapters for real endpoints (Chat Completions,
 //!   Responses, Anthropic Messages) and a router. Off by default: it brings an HTTP client and
-//!   TLS, which a host with its own models does not need.
+//!   TLS, which a host with its own models does not need;
+//! - `acp` (feature `acp`): the Agent Client Protocol: a host served as an ACP agent, and a
+//!   provider whose children are any ACP agent's processes.
 //!
 //! Each example below is the short form of a program in `examples/` that CI runs (`cargo run
 //! --release --example NAME`).
@@ -196,6 +198,45 @@
 //! # }
 //! ```
 //!
+//! # Delegating to an agent in another process, over ACP
+//!
+//! Any command that speaks the Agent Client Protocol on its stdio can be a one-shot child; here
+//! it is `lineage acp serve`, a Lineage agent with a store of its own. Its tool row gives the
+//! parent's model a `subagent_acp` tool (`examples/acp_delegation.rs` runs this on the loopback
+//! server, both processes asking it):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use lineage::acp::{AcpProvider, AcpProviderConfig};
+//! use lineage::agent::{AgentSpec, CreateAgent};
+//! use lineage::subagent::Host;
+//! # use lineage::agent::{Response, ScriptedModel};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let model = ScriptedModel::new([Response::text("ok")]);
+//! let host = Host::open("parent.lineage".as_ref(), model)?;
+//! let mut config = AcpProviderConfig::new(
+//!     "expert",
+//!     "lineage",
+//!     ["acp", "serve", "--store", "expert.lineage", "--model", "openai:gpt-4.1"],
+//! );
+//! config.env.push(("OPENAI_API_KEY".into(), "sk-...".into())); // nothing else credential-shaped passes
+//! let provider = AcpProvider::new(config);
+//! let row = provider.tool_row("subagent_acp"); // one-shot, depth managed by the child
+//! host.subagents.register_provider(Arc::new(provider))?;
+//! let spec = AgentSpec { tools: host.delegation_tools(vec![row]), ..AgentSpec::new("openai", "gpt-4.1") };
+//! let mut create = CreateAgent::fresh(spec);
+//! create.header.cwd = Some("/srv/project".into()); // the child runs here
+//! let parent = host.agents.create(create).await?;
+//! let outcome = host.run(&parent, "Ask the expert to review src/parser.rs").await?;
+//! # drop(parent);
+//! host.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # The store on its own
 //!
 //! The log and the store need no runtime (`examples/quickstart.rs` writes, forks, reloads after a
@@ -222,6 +263,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "acp")]
+pub use lineage_acp as acp;
 pub use lineage_agent as agent;
 pub use lineage_log as log;
 #[cfg(feature = "models")]

@@ -23,7 +23,6 @@ use lineage::acp::{AcpProvider, AcpProviderConfig};
 use lineage::agent::{AgentSpec, CreateAgent};
 use lineage::models::{Endpoint, Models, Wire};
 use lineage::subagent::Host;
-use lineage::subagent::tools::SubagentToolConfig;
 use lineage_testkit::loopback::{LoopbackServer, chat};
 
 /// The `lineage` binary: `LINEAGE_BIN`, or the release build in this workspace's target

@@ -55,6 +55,9 @@ pub struct AcpProviderConfig {
     pub env_passthrough: Vec<OsString>,
     /// How its permission requests are answered (default [`PermissionPolicy::Reject`]).
     pub permission: PermissionPolicy,
+    /// How long a start waits for the answers to `initialize` and `session/new` together
+    /// (default 60 s).
+    pub handshake_timeout: Duration,
     /// How long disposal waits for the agent to exit once its stdin is closed (default 6 s).
     pub eof_grace: Duration,
     /// How long disposal waits after SIGTERM before SIGKILL (default 3 s).
@@ -76,6 +79,7 @@ impl AcpProviderConfig {
             env: Vec::new(),
             env_passthrough: DEFAULT_PASSTHROUGH.iter().map(OsString::from).collect(),
             permission: PermissionPolicy::Reject,
+            handshake_timeout: Duration::from_secs(60),
             eof_grace: Duration::from_secs(6),
             term_grace: Duration::from_secs(3),
         }
@@ -474,6 +478,8 @@ async fn start(
         stderr: stderr.clone(),
         malformed: malformed.clone(),
     };
+    // The stage in progress, for a failure of either request, a timeout or a cancel.
+    let mut stage = Stage::Initialize;
     let handshake = async {
         let initialize = acp::InitializeRequest::new(ProtocolVersion::V1).client_info(
             acp::Implementation::new("lineage", env!("CARGO_PKG_VERSION")),
@@ -483,7 +489,8 @@ async fn start(
             .send_request(initialize)
             .block_task()
             .await
-            .map_err(|e| (Stage::Initialize, rpc_error(&e)))?;
+            .map_err(|e| rpc_error(&e))?;
+        stage = Stage::SessionNew;
         let new = acp::NewSessionRequest::new(cwd.clone());
         session
             .connection
@@ -491,12 +498,16 @@ async fn start(
             .block_task()
             .await
             .map(|created| created.session_id)
-            .map_err(|e| (Stage::SessionNew, rpc_error(&e)))
+            .map_err(|e| rpc_error(&e))
     };
     let handshake = tokio::select! {
-        done = handshake => done,
-        cause = cancel.cancelled() => Err((Stage::Initialize, format!("cancelled ({cause:?})"))),
-    };
+        done = tokio::time::timeout(config.handshake_timeout, handshake) => match done {
+            Ok(done) => done,
+            Err(_) => Err(format!("no answer within {:?}", config.handshake_timeout)),
+        },
+        cause = cancel.cancelled() => Err(format!("cancelled ({cause:?})")),
+    }
+    .map_err(|what| (stage, what));
     session.id = match handshake {
         Ok(id) => id,
         Err((stage, what)) => {
@@ -562,4 +573,87 @@ async fn failed_start(
         ErrorCode::AgentFailure,
         diagnostic(name, stage, what, &evidence),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_reasons_map_as_the_protocol_means_them() {
+        let cases = [
+            (acp::StopReason::EndTurn, StopReason::Completed),
+            (acp::StopReason::MaxTokens, StopReason::MaxTokens),
+            (acp::StopReason::Refusal, StopReason::Refusal),
+            (acp::StopReason::Cancelled, StopReason::Aborted),
+            (acp::StopReason::MaxTurnRequests, StopReason::Error),
+        ];
+        for (reason, expected) in cases {
+            let (mapped, note) = stop_reason(&reason);
+            assert_eq!(mapped, expected, "{reason:?}");
+            assert_eq!(note.is_some(), expected == StopReason::Error, "{reason:?}");
+        }
+    }
+
+    fn request(kinds: &[acp::PermissionOptionKind]) -> acp::RequestPermissionRequest {
+        let options = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| acp::PermissionOption::new(format!("o{i}"), "an option", *kind))
+            .collect();
+        acp::RequestPermissionRequest::new(
+            "s",
+            acp::ToolCallUpdate::new("c", acp::ToolCallUpdateFields::new()),
+            options,
+        )
+    }
+
+    fn chosen(response: acp::RequestPermissionResponse) -> Option<String> {
+        match response.outcome {
+            acp::RequestPermissionOutcome::Selected(selected) => {
+                Some(selected.option_id.0.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn permission_is_granted_once_at_most_and_rejected_when_it_cannot_be() {
+        use acp::PermissionOptionKind::{AllowAlways, AllowOnce, RejectAlways, RejectOnce};
+        let all = request(&[AllowAlways, AllowOnce, RejectOnce, RejectAlways]);
+        let policy = |p, r: &acp::RequestPermissionRequest| chosen(permission_answer(p, r));
+        assert_eq!(
+            policy(PermissionPolicy::AllowOnce, &all).as_deref(),
+            Some("o1")
+        );
+        assert_eq!(
+            policy(PermissionPolicy::Reject, &all).as_deref(),
+            Some("o2")
+        );
+        // Only a standing allowance offered: a delegated run never takes it.
+        let always = request(&[AllowAlways, RejectOnce]);
+        assert_eq!(
+            policy(PermissionPolicy::AllowOnce, &always).as_deref(),
+            Some("o1")
+        );
+        let nothing = request(&[AllowAlways]);
+        assert_eq!(policy(PermissionPolicy::AllowOnce, &nothing), None);
+        assert_eq!(policy(PermissionPolicy::Reject, &nothing), None);
+    }
+
+    #[test]
+    fn a_diagnostic_names_stage_status_frame_and_stderr_within_the_bound() {
+        let evidence = Evidence {
+            status: None,
+            stderr: StderrTail::default(),
+            malformed: Malformed::default(),
+        };
+        *evidence.malformed.lock().unwrap() = Some("Starting...".into());
+        let text = diagnostic("acp", Stage::SessionNew, &"x".repeat(10_000), &evidence);
+        assert!(text.starts_with("ACP agent acp failed at stage session-new: xxx"));
+        assert!(text.len() <= lineage_subagent::MAX_DIAGNOSTIC_BYTES);
+        let short = diagnostic("acp", Stage::Initialize, "broken pipe", &evidence);
+        assert!(short.contains("the process was still running"), "{short}");
+        assert!(short.contains("\"Starting...\""), "{short}");
+    }
 }

@@ -642,3 +642,93 @@ impl Tool for AskFirst {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lineage_log::{BudgetLimit, BudgetReached, MessageId, TurnError};
+    use lineage_testkit::ev;
+
+    use super::*;
+
+    fn kinds(body: EventBody, replay: bool) -> Vec<String> {
+        updates(&Event::new(0, 0, body), replay)
+            .iter()
+            .map(|update| match update {
+                acp::SessionUpdate::UserMessageChunk(_) => "user".to_owned(),
+                acp::SessionUpdate::AgentMessageChunk(_) => "agent".to_owned(),
+                acp::SessionUpdate::AgentThoughtChunk(_) => "thought".to_owned(),
+                acp::SessionUpdate::ToolCall(call) => format!("call {}", call.title),
+                acp::SessionUpdate::ToolCallUpdate(u) => format!("update {:?}", u.fields.status),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn events_become_updates_and_the_users_words_only_in_a_replay() {
+        let id = MessageId::new;
+        assert_eq!(kinds(ev::user(id(), "hi"), true), ["user"]);
+        assert!(kinds(ev::user(id(), "hi"), false).is_empty());
+        let content = vec![
+            ContentBlock::Reasoning { text: "hmm".into() },
+            ContentBlock::text("answer"),
+            ev::call_block("c1", "read_file", r#"{"path": "a"}"#),
+        ];
+        assert_eq!(
+            kinds(ev::assistant(1, 1, id(), content), false),
+            ["thought", "agent", "call read_file"]
+        );
+        assert_eq!(
+            kinds(ev::tool_call(1, 1, "c1", "read_file", "{}"), false),
+            ["update Some(InProgress)"]
+        );
+        assert_eq!(
+            kinds(ev::tool_result(1, 1, id(), "c1", "text"), true),
+            ["update Some(Completed)"]
+        );
+        assert!(kinds(ev::turn_end(1, TurnEndReason::Completed), true).is_empty());
+    }
+
+    #[test]
+    fn turn_ends_map_to_stop_reasons_and_a_failure_to_an_error() {
+        let id = SessionId::new();
+        let budget = TurnEndReason::Budget(Box::new(BudgetReached {
+            limit: BudgetLimit::Requests,
+            max: 3,
+            owner: id,
+        }));
+        for (reason, expected) in [
+            (TurnEndReason::Completed, acp::StopReason::EndTurn),
+            (TurnEndReason::MaxTokens, acp::StopReason::MaxTokens),
+            (
+                TurnEndReason::Aborted {
+                    cause: lineage_log::AbortCause::User,
+                },
+                acp::StopReason::Cancelled,
+            ),
+            (TurnEndReason::Blocked, acp::StopReason::Refusal),
+            (budget, acp::StopReason::MaxTurnRequests),
+        ] {
+            assert_eq!(stop_reason(id, &reason).unwrap(), expected, "{reason:?}");
+        }
+        let failed = TurnEndReason::Error(Box::new(TurnError {
+            message: "the endpoint broke".into(),
+            code: "SERVER".into(),
+            status: Some(502),
+            retry_after_ms: None,
+            request_id: None,
+        }));
+        let error = stop_reason(id, &failed).unwrap_err();
+        assert!(error.message.contains("the endpoint broke"), "{error:?}");
+        assert_eq!(error.data, Some(serde_json::json!({"code": "SERVER"})));
+        assert!(stop_reason(id, &TurnEndReason::Interrupted).is_err());
+    }
+
+    #[test]
+    fn only_text_prompts_are_served() {
+        let text = |t: &str| acp::ContentBlock::Text(acp::TextContent::new(t));
+        assert_eq!(prompt_text(&[text("a "), text("b")]).unwrap(), "a b");
+        let image = acp::ContentBlock::Image(acp::ImageContent::new("AAAA", "image/png"));
+        assert!(prompt_text(&[text("look"), image]).is_err());
+    }
+}

@@ -17,10 +17,7 @@ pub(crate) type Malformed = Arc<Mutex<Option<String>>>;
 /// A writer the transport shares with its owner, who may take it to close the pipe.
 pub(crate) type SharedWriter<W> = Arc<tokio::sync::Mutex<Option<W>>>;
 
-/// The transport over `reader` and `writer`. With `strict`, a line that is not JSON ends the
-/// incoming stream with an error (and is kept in `malformed`): a child agent that writes
-/// anything but frames to stdout is broken, and is treated so at once instead of waiting for
-/// an answer that will not come.
+/// The transport over `reader` and `writer` (see [`incoming`] for `malformed`).
 pub(crate) fn lines<R, W>(
     reader: R,
     writer: SharedWriter<W>,
@@ -33,22 +30,47 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let outgoing = futures::sink::unfold(writer, |writer, line: String| async move {
-        {
-            let mut pipe = writer.lock().await;
-            let Some(pipe) = pipe.as_mut() else {
-                return Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "the pipe is closed",
-                ));
-            };
-            pipe.write_all(line.as_bytes()).await?;
-            pipe.write_all(b"\n").await?;
-            pipe.flush().await?;
-        }
-        Ok(writer)
-    });
-    let incoming = futures::stream::unfold(
+    Lines::new(outgoing(writer), incoming(reader, malformed))
+}
+
+/// Frames written to `writer`, one a line, each flushed. Once the owner took the writer, a
+/// write fails with `BrokenPipe`.
+fn outgoing<W>(writer: SharedWriter<W>) -> impl Sink<String, Error = io::Error> + Send + 'static
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    Box::pin(futures::sink::unfold(
+        writer,
+        |writer, line: String| async move {
+            {
+                let mut pipe = writer.lock().await;
+                let Some(pipe) = pipe.as_mut() else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the pipe is closed",
+                    ));
+                };
+                pipe.write_all(line.as_bytes()).await?;
+                pipe.write_all(b"\n").await?;
+                pipe.flush().await?;
+            }
+            Ok(writer)
+        },
+    ))
+}
+
+/// Frames read from `reader`, blank lines skipped. With `malformed`, a line that is not JSON
+/// ends the stream with an error and is kept there: a child agent that writes anything but
+/// frames to stdout is broken, and is treated so at once instead of waiting for an answer that
+/// will not come.
+fn incoming<R>(
+    reader: R,
+    malformed: Option<Malformed>,
+) -> impl Stream<Item = io::Result<String>> + Send + 'static
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let stream = futures::stream::unfold(
         Some((BufReader::new(reader), malformed)),
         |state| async move {
             let (mut reader, malformed) = state?;
@@ -85,5 +107,39 @@ where
             }
         },
     );
-    Lines::new(Box::pin(outgoing), Box::pin(incoming))
+    Box::pin(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::{SinkExt, StreamExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_are_lines_and_a_line_that_is_not_json_ends_the_stream() {
+        let (ours, mut theirs) = tokio::io::duplex(1024);
+        let (reader, writer) = tokio::io::split(ours);
+        let malformed = Malformed::default();
+        let mut outgoing = outgoing(Arc::new(tokio::sync::Mutex::new(Some(writer))));
+        let mut incoming = incoming(reader, Some(malformed.clone()));
+        outgoing.send(r#"{"id":1}"#.to_owned()).await.unwrap();
+        let mut sent = [0u8; 9];
+        tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut sent)
+            .await
+            .unwrap();
+        assert_eq!(&sent, b"{\"id\":1}\n");
+        theirs
+            .write_all(b"{\"id\":2}\r\n\n  \nStarting up\n{\"id\":3}\n")
+            .await
+            .unwrap();
+        assert_eq!(incoming.next().await.unwrap().unwrap(), r#"{"id":2}"#);
+        let error = incoming.next().await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        assert!(
+            incoming.next().await.is_none(),
+            "nothing after a malformed line"
+        );
+        assert_eq!(malformed.lock().unwrap().as_deref(), Some("Starting up"));
+    }
 }

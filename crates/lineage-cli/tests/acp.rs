@@ -435,3 +435,42 @@ async fn a_parent_model_delegates_through_the_subagent_acp_row() {
     drop(root);
     host.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_never_answers_initialize_is_given_up_on_and_killed() {
+    let parent = Parent::plain().await;
+    let mut config = parent.shell(r#"echo $$ > "$PIDFILE"; exec sleep 600"#);
+    config.handshake_timeout = Duration::from_millis(300);
+    let message = start_failure(&parent, config).await;
+    assert!(message.contains("stage initialize"), "{message}");
+    assert!(message.contains("no answer within"), "{message}");
+    assert!(!group_alive(parent.pid()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_child_sees_only_the_allow_listed_environment_and_what_is_set_for_it() {
+    let parent = Parent::plain().await;
+    // Set by cargo for this test process: a variable the child must not inherit.
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+    let mut config = parent.shell(r#"env > "$PIDFILE.env"; exit 1"#);
+    config
+        .env
+        .push(("LINEAGE_API_KEY".into(), "set-for-the-child".into()));
+    start_failure(&parent, config).await;
+    let env = std::fs::read_to_string(parent.path("pid.env")).unwrap();
+    let names: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains(&"PATH"), "{names:?}");
+    assert!(env.contains("LINEAGE_API_KEY=set-for-the-child"), "{env}");
+    assert!(!names.contains(&"CARGO_MANIFEST_DIR"), "{names:?}");
+    for name in &names {
+        let allowed = lineage_acp::DEFAULT_PASSTHROUGH.contains(name)
+            || ["PIDFILE", "STORE", "SCRIPT", "LINEAGE_API_KEY"].contains(name)
+            // What the shell itself sets.
+            || ["PWD", "SHLVL", "_", "OLDPWD"].contains(name);
+        assert!(allowed, "{name} reached the child");
+    }
+}

@@ -288,3 +288,55 @@ async fn end_of_input_cancels_the_running_prompt_flushes_and_exits_zero() {
         "the hung turn ended aborted"
     );
 }
+
+/// The `initialize` answer, frame for frame: a protocol crate upgrade that changes what goes on
+/// the wire shows here first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_initialize_answer_on_the_wire() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let dir = Dir::new();
+    let script = dir.script("script.json", "[]");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lineage"))
+        .args(["acp", "serve", "--store"])
+        .arg(dir.store())
+        .arg("--script")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n")
+        .await
+        .unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).await.unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let expected = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": 0,
+        "result": {
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": true,
+                "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+                "mcpCapabilities": {"http": false, "sse": false},
+                "sessionCapabilities": {},
+                "auth": {}
+            },
+            "authMethods": [],
+            "agentInfo": {"name": "lineage", "version": env!("CARGO_PKG_VERSION")}
+        }
+    });
+    assert_eq!(answer, expected);
+    drop(stdin);
+    let mut rest = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest)
+        .await
+        .unwrap();
+    assert_eq!(rest, "", "stdout carries frames only");
+    assert!(exit_of(child).await.success());
+}

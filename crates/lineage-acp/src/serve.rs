@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema as acp;
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, Client, Error};
+use agent_client_protocol::{Agent, Client, Error, JsonRpcResponse};
 use lineage_agent::{
     Agent as LineageAgent, AgentEvent, AgentSpec, BoxFuture, CreateAgent, Tool, ToolContext,
     ToolOutput,
@@ -100,10 +100,8 @@ where
                 async move |request: acp::NewSessionRequest,
                             responder: Responder<acp::NewSessionResponse>,
                             cx: ConnectionTo<Client>| {
-                    let state2 = state.clone();
-                    state.track(async move {
-                        let _ =
-                            responder.respond_with_result(state2.new_session(request, cx).await);
+                    state.answer_later(responder, async move |state| {
+                        state.new_session(request, cx).await
                     });
                     Ok(())
                 }
@@ -116,10 +114,8 @@ where
                 async move |request: acp::LoadSessionRequest,
                             responder: Responder<acp::LoadSessionResponse>,
                             cx: ConnectionTo<Client>| {
-                    let state2 = state.clone();
-                    state.track(async move {
-                        let _ =
-                            responder.respond_with_result(state2.load_session(request, cx).await);
+                    state.answer_later(responder, async move |state| {
+                        state.load_session(request, cx).await
                     });
                     Ok(())
                 }
@@ -136,10 +132,8 @@ where
                     // the prompt finds it.
                     match state.begin_prompt(&request) {
                         Ok(begun) => {
-                            let state2 = state.clone();
-                            state.track(async move {
-                                let answer = state2.prompt(request, begun, cx).await;
-                                let _ = responder.respond_with_result(answer);
+                            state.answer_later(responder, async move |state| {
+                                state.prompt(request, begun, cx).await
                             });
                             Ok(())
                         }
@@ -216,12 +210,23 @@ impl State {
         lock(&self.tasks)
     }
 
-    /// Runs `work` on a task of its own, so the connection's dispatch loop (which runs the
-    /// handlers one at a time) keeps reading frames, `session/cancel` among them.
-    fn track(&self, work: impl Future<Output = ()> + Send + 'static) {
+    /// Answers `responder` with what `work` comes to, on a task of its own, so the connection's
+    /// dispatch loop (which runs the handlers one at a time) keeps reading frames,
+    /// `session/cancel` among them. The task is waited for at the drain.
+    fn answer_later<T, F>(
+        self: &Arc<Self>,
+        responder: Responder<T>,
+        work: impl FnOnce(Arc<State>) -> F,
+    ) where
+        T: JsonRpcResponse + Send + 'static,
+        F: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let work = work(self.clone());
         let mut tasks = self.lock_tasks();
         tasks.retain(|task| !task.is_finished());
-        tasks.push(tokio::spawn(work));
+        tasks.push(tokio::spawn(async move {
+            let _ = responder.respond_with_result(work.await);
+        }));
     }
 
     fn cancel(&self, session: &acp::SessionId) {

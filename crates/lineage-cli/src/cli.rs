@@ -9,6 +9,7 @@ const AFTER_HELP: &str = "\
 Examples:
   lineage demo
   LINEAGE_MODEL=openai:gpt-4.1 lineage chat --store chat.lineage 'Summarise README.md'
+  lineage acp serve --store agents.lineage --model openai:gpt-4.1
   lineage ls sessions.lineage
   lineage tree sessions.lineage
   lineage show sessions.lineage 019b76da-a800-7000-8000-000000000001 --from 120 --limit 40
@@ -25,7 +26,8 @@ Examples:
 
 A SESSION is a full session id or the start of exactly one stored session's id.
 The inspection commands open the store read-only, so they work while a host writes to it;
-demo and chat are hosts that write; import writes one session, creating the store if missing.
+demo, chat and acp serve are hosts that write; import writes one session, creating the store
+if missing.
 rm, tag and prune change an existing store: they need it free of any host writing to it (exit 3
 otherwise). rm refuses a session with children or forks unless --subtree; rm and prune verify the
 store when they are done (exit 1 if it has problems).

@@ -340,3 +340,52 @@ async fn the_initialize_answer_on_the_wire() {
     assert_eq!(rest, "", "stdout carries frames only");
     assert!(exit_of(child).await.success());
 }
+
+fn usage_failure(args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{args:?}");
+    assert!(
+        output.stdout.is_empty(),
+        "stdout carries frames only: {args:?}"
+    );
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn a_bad_command_line_or_script_is_a_usage_error_before_anything_is_served() {
+    let dir = Dir::new();
+    let store = dir.store();
+    let store = store.to_str().unwrap();
+    let bad = dir.script("bad.json", r#"[{"txt": "a typo"}]"#);
+    let said = usage_failure(&[
+        "acp",
+        "serve",
+        "--store",
+        store,
+        "--script",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(said.contains("bad.json") && said.contains("txt"), "{said}");
+    let said = usage_failure(&["acp", "serve", "--store", store, "--script", "missing.json"]);
+    assert!(
+        said.contains("cannot read the script missing.json"),
+        "{said}"
+    );
+    let script = dir.script("ok.json", "[]");
+    let said = usage_failure(&[
+        "acp",
+        "serve",
+        "--store",
+        store,
+        "--script",
+        script.to_str().unwrap(),
+        "--model",
+        "a:b",
+    ]);
+    assert!(said.contains("cannot be used with"), "{said}");
+    assert!(!dir.store().exists(), "nothing was written");
+}

@@ -13,8 +13,8 @@ use lineage_store::{Store, StoreError};
 use tokio::sync::watch;
 
 use crate::tools::{
-    InterruptAgentTool, ListAgentsTool, ReportSetup, SendMessageTool, SubagentTool,
-    SubagentToolConfig,
+    BackgroundMode, InterruptAgentTool, JobKillTool, JobOutputTool, ListAgentsTool, ReportSetup,
+    SendMessageTool, SubagentTool, SubagentToolConfig,
 };
 use crate::{
     Authority, ForkProvider, ListenerId, Provider, ReportDelivery, SpawnProvider, SubagentError,
@@ -201,9 +201,13 @@ impl Host {
 
     /// The delegation tools of a root agent: one `subagent`-like tool per config (a config
     /// this runtime cannot serve is left out, with a warning), then `send_message`,
-    /// `interrupt_agent` and `list_agents`.
+    /// `interrupt_agent` and `list_agents`, and `job_output` and `job_kill` when a one-shot
+    /// config may run in the background.
     pub fn delegation_tools(&self, configs: Vec<SubagentToolConfig>) -> Vec<Arc<dyn Tool>> {
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        let jobs = configs
+            .iter()
+            .any(|c| c.background == BackgroundMode::OneShot && c.run_in_background);
         for config in configs {
             match SubagentTool::new(&self.subagents, config) {
                 Ok(tool) => tools.push(tool),
@@ -213,6 +217,10 @@ impl Host {
         tools.push(SendMessageTool::new(&self.subagents));
         tools.push(InterruptAgentTool::new(&self.subagents));
         tools.push(ListAgentsTool::new(&self.subagents));
+        if jobs {
+            tools.push(JobOutputTool::new(&self.subagents));
+            tools.push(JobKillTool::new(&self.subagents));
+        }
         tools
     }
 
@@ -290,8 +298,9 @@ impl Host {
         }
     }
 
-    /// Whether `root` and its delegation tree are quiet: no child in it resident, and the root
-    /// idle, its log unchanged while this looked. Input an idle root holds is parked (a waking
+    /// Whether `root` and its delegation tree are quiet: no child in it resident, no background
+    /// job of the root running (a job's end reaches the root as a message, which wakes it), and
+    /// the root idle, its log unchanged while this looked. Input an idle root holds is parked (a waking
     /// send to an idle agent starts its turn before it returns), so it waits for the root's next
     /// wake and is no work in flight: what a stop, a failed pre-step hook or a reached budget
     /// gave back.
@@ -303,7 +312,9 @@ impl Host {
     /// spliced into its inbox) between the two reads of state.
     pub fn is_quiet(&self, root: &Arc<Agent>) -> bool {
         let before = root.with_events(<[_]>::len);
-        let quiet = !self.subagents.has_resident_under(root) && root.status() == AgentStatus::Idle;
+        let quiet = !self.subagents.has_resident_under(root)
+            && !self.subagents.has_running_jobs(root.id())
+            && root.status() == AgentStatus::Idle;
         quiet && root.with_events(<[_]>::len) == before
     }
 

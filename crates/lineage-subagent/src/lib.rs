@@ -22,6 +22,7 @@ mod contract;
 mod error;
 mod host;
 mod in_process;
+mod jobs;
 mod lifecycle;
 mod listing;
 mod oneshot;
@@ -44,6 +45,7 @@ pub use contract::{
 pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
 pub use host::{Host, HostError, Outcome};
 pub use in_process::{ForkProvider, SpawnProvider};
+pub use jobs::{JobId, JobOutcome};
 pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
 pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
 pub use oneshot::start_in_process;

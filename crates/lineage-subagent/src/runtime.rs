@@ -4,10 +4,11 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use lineage_agent::Agents;
-use lineage_log::{DescriptorMode, RunId, SubagentDescriptor};
+use lineage_agent::{Agents, Cancellation};
+use lineage_log::{DescriptorMode, RunId, SessionId, SubagentDescriptor};
 
 use crate::continuation::Continuation;
+use crate::jobs::{JobId, JobOutcome, Jobs};
 use crate::lifecycle::{self, Lifecycle, Listener, ListenerError, RunInfo};
 use crate::setup::Setups;
 use crate::{
@@ -37,6 +38,7 @@ struct Inner {
     listeners: Mutex<Vec<(ListenerId, Listener)>>,
     next_listener: AtomicU64,
     mounts: Mutex<Vec<Weak<dyn Mount>>>,
+    jobs: Jobs,
 }
 
 /// Delegation for the agents of one registry: named providers create children for parents.
@@ -66,6 +68,7 @@ impl SubagentRuntime {
                 listeners: Mutex::new(Vec::new()),
                 next_listener: AtomicU64::new(0),
                 mounts: Mutex::new(Vec::new()),
+                jobs: Jobs::default(),
             }),
         }
     }
@@ -211,6 +214,64 @@ impl SubagentRuntime {
             runtime.observe(&run, provider, parent);
             Ok(run)
         }
+    }
+
+    /// Starts a one-shot run of `request` as a background job of its parent: the caller does not
+    /// wait; the job has a cancellation of its own (the request's is replaced, so the end of the
+    /// call that started it does not end it), is killed with its owner, and tells its owner its
+    /// outcome with a message at its next turn. Refused as [`SubagentRuntime::start`] refuses.
+    pub fn start_job(
+        &self,
+        provider: &str,
+        mut request: StartRequest,
+    ) -> impl Future<Output = Result<JobId, SubagentError>> + Send + 'static {
+        let cancel = Cancellation::new();
+        request.cancel = cancel.clone();
+        let owner = request.parent.clone();
+        let label = request.label.clone().unwrap_or_default();
+        let started = self.start(provider, request);
+        let runtime = self.clone();
+        async move {
+            let run = started.await?;
+            Ok(runtime
+                .inner
+                .jobs
+                .adopt(runtime.agents(), &owner, label, run, cancel))
+        }
+    }
+
+    /// The outcome of `owner`'s job `job`: now (`None` while it runs) or, with `wait`, once it
+    /// ends. Only its owner knows a job.
+    ///
+    /// Cancel safety: dropping the future stops only the wait.
+    pub async fn job_output(
+        &self,
+        owner: SessionId,
+        job: JobId,
+        wait: bool,
+    ) -> Result<Option<JobOutcome>, SubagentError> {
+        self.inner.jobs.output(owner, job, wait).await
+    }
+
+    /// Kills `owner`'s job `job` and returns its outcome once it has ended (the outcome it had,
+    /// if it was already over).
+    ///
+    /// Cancel safety: dropping the future stops only the wait; the job is killed regardless.
+    pub async fn kill_job(
+        &self,
+        owner: SessionId,
+        job: JobId,
+    ) -> Result<JobOutcome, SubagentError> {
+        self.inner.jobs.kill(owner, job).await
+    }
+
+    /// Whether `owner` has a job still running.
+    pub fn has_running_jobs(&self, owner: SessionId) -> bool {
+        self.inner.jobs.running_for(owner)
+    }
+
+    pub(crate) fn jobs(&self) -> &Jobs {
+        &self.inner.jobs
     }
 
     fn resolve(

@@ -7,7 +7,8 @@ impl SubagentRuntime {
     // ----- drains --------------------------------------------------------------------------------------
 
     /// Closes admission for good and tears every resident child down: every cancellation fires
-    /// at once, parents before children; each teardown then waits for its children's.
+    /// at once, parents before children, and every background job is killed; each teardown then
+    /// waits for its children's, and the drain for every job's end.
     /// Creations under way are awaited (they roll back).
     ///
     /// Cancel safety: admission is closed and every cancellation has fired by the first poll's
@@ -21,6 +22,7 @@ impl SubagentRuntime {
     /// # }
     /// ```
     pub async fn drain(&self) -> Result<(), SubagentError> {
+        let jobs_ended = self.jobs().kill_all();
         let pending = {
             let mut st = lock(&self.continuation().state);
             st.draining = true;
@@ -30,7 +32,9 @@ impl SubagentRuntime {
             let _ = settled.wait_for(|s| *s).await;
         }
         let roots = self.continuation().roots();
-        self.dispose_all(roots, "activation(s)").await
+        let disposed = self.dispose_all(roots, "activation(s)").await;
+        jobs_ended.await;
+        disposed
     }
 
     /// Tears down every resident descendant of the exact live agents `parents` (every

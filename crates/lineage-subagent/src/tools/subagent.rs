@@ -136,6 +136,13 @@ starts another turn of the same conversation. Start independent delegations toge
 message and keep working while they run; set `run_in_background` to false only when your next \
 step needs the result.";
 
+const AS_JOB: &str = " The call waits for the result by default. Set `run_in_background` to \
+true to start it as a background job and get its id at once: `job_output` collects its result \
+(or tells whether it is still running) and `job_kill` stops it. You are also told when it ends.";
+
+const JOB_PARAM: &str = "Whether to start a background job and return its id at once (default \
+false). Collect the result with `job_output`; stop the job with `job_kill`.";
+
 const BACKGROUND_PARAM: &str = "Whether to run in the background and return a durable subagent \
 id at once (the default). Set false to wait for the result when your next step depends on it.";
 
@@ -159,11 +166,10 @@ impl SubagentTool {
             config.tool_filter.as_ref(),
             &format!("the {:?} tool", config.tool_name),
         )?;
-        let suffix = if config.background == BackgroundMode::Continuable && config.run_in_background
-        {
-            IN_BACKGROUND
-        } else {
-            WAITS
+        let suffix = match (config.background, config.run_in_background) {
+            (BackgroundMode::Continuable, true) => IN_BACKGROUND,
+            (BackgroundMode::OneShot, true) => AS_JOB,
+            (_, false) => WAITS,
         };
         let tool = Arc::new(SubagentTool {
             runtime: runtime.clone(),
@@ -202,8 +208,14 @@ impl SubagentTool {
         &self.config
     }
 
+    /// Whether the model may choose to run in the background: as a continuable child, or as a
+    /// one-shot background job.
     fn offers_background(&self) -> bool {
-        self.config.background == BackgroundMode::Continuable && self.config.run_in_background
+        self.config.run_in_background
+    }
+
+    fn continuable(&self) -> bool {
+        self.config.background == BackgroundMode::Continuable
     }
 
     fn inherits(&self) -> bool {
@@ -228,6 +240,15 @@ impl SubagentTool {
     }
 
     async fn background(&self, request: StartRequest) -> ToolOutput {
+        if !self.continuable() {
+            return match self.runtime.start_job(&self.config.provider, request).await {
+                Ok(job) => ToolOutput::text(format!(
+                    "Started background job {job}. Collect its result with `job_output`; you \
+                     will also be told when it ends."
+                )),
+                Err(error) => refused(&error),
+            };
+        }
         let StartRequest {
             parent,
             prompt,
@@ -399,8 +420,13 @@ impl Tool for SubagentTool {
             "additionalProperties": false,
         });
         if self.offers_background() {
+            let description = if self.continuable() {
+                BACKGROUND_PARAM
+            } else {
+                JOB_PARAM
+            };
             schema["properties"]["run_in_background"] =
-                json!({"type": "boolean", "description": BACKGROUND_PARAM});
+                json!({"type": "boolean", "description": description});
         }
         schema
     }
@@ -410,7 +436,7 @@ impl Tool for SubagentTool {
     }
 
     fn guidance(&self) -> Option<&str> {
-        self.offers_background().then_some(self.guidance.as_str())
+        (self.offers_background() && self.continuable()).then_some(self.guidance.as_str())
     }
 
     fn available(&self) -> bool {
@@ -436,7 +462,8 @@ impl Tool for SubagentTool {
             };
             // Without the switch on offer, every call waits, as the description says.
             let background = match arguments.get("run_in_background") {
-                None | Some(Value::Null) => self.offers_background(),
+                // By default a continuable child runs in the background; a one-shot run waits.
+                None | Some(Value::Null) => self.offers_background() && self.continuable(),
                 Some(Value::Bool(wanted)) if self.offers_background() || !wanted => *wanted,
                 Some(Value::Bool(_)) => {
                     return ToolOutput::error(

@@ -246,13 +246,14 @@ impl State {
         }
     }
 
-    /// The spec of a session in `cwd`, its permission-gated tools wrapped.
-    fn spec(&self, cwd: &Path, connection: &ConnectionTo<Client>) -> AgentSpec {
+    /// The spec of ACP session `session` in `cwd`, its permission-gated tools wrapped.
+    fn spec(&self, session: SessionId, cwd: &Path, connection: &ConnectionTo<Client>) -> AgentSpec {
         let mut spec = (self.spec)(&self.host, cwd);
         for tool in &mut spec.tools {
             if self.options.ask_permission.contains(tool.name()) {
                 *tool = Arc::new(AskFirst {
                     inner: tool.clone(),
+                    session: session.to_string().into(),
                     connection: connection.clone(),
                 });
             }
@@ -266,7 +267,8 @@ impl State {
         connection: ConnectionTo<Client>,
     ) -> Result<acp::NewSessionResponse, Error> {
         let cwd = working_directory(&request.cwd)?;
-        let mut create = CreateAgent::fresh(self.spec(&cwd, &connection));
+        let mut create = CreateAgent::fresh(AgentSpec::default());
+        create.spec = self.spec(create.header.id, &cwd, &connection);
         create.header.cwd = Some(cwd.to_string_lossy().as_ref().into());
         let agent = self
             .host
@@ -292,7 +294,7 @@ impl State {
                 let cwd = working_directory(&request.cwd)?;
                 let agent = self
                     .host
-                    .resume(id, self.spec(&cwd, &connection))
+                    .resume(id, self.spec(id, &cwd, &connection))
                     .await
                     .map_err(|e| match &e {
                         HostError::Resume { .. } if !self.stored(id) => {
@@ -558,9 +560,12 @@ fn updates(event: &Event, replay: bool) -> Vec<acp::SessionUpdate> {
     updates
 }
 
-/// A tool whose every call the client is asked to allow first.
+/// A tool whose every call the client is asked to allow first. The request names the ACP
+/// session the tool was given to: a child it delegates to inherits the tool, and the client
+/// knows only that session.
 struct AskFirst {
     inner: Arc<dyn Tool>,
+    session: acp::SessionId,
     connection: ConnectionTo<Client>,
 }
 
@@ -596,7 +601,7 @@ impl Tool for AskFirst {
     fn call(&self, ctx: ToolContext, arguments: serde_json::Value) -> BoxFuture<'_, ToolOutput> {
         Box::pin(async move {
             let request = acp::RequestPermissionRequest::new(
-                ctx.session().to_string(),
+                self.session.clone(),
                 acp::ToolCallUpdate::new(
                     ctx.call_id.to_string(),
                     acp::ToolCallUpdateFields::new()

@@ -44,10 +44,20 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .arg(&path)
         .stdout(Stdio::piped())
         .spawn()?;
-    let mut lines = BufReader::new(process.stdout.take().ok_or("no stdout")?).lines();
-    let lead_id: SessionId = match lines.next() {
-        Some(line) => line?.trim_start_matches("lead ").parse()?,
-        None => return Err(format!("the host process ended first: {}", process.wait()?).into()),
+    // Its first line, read on a thread of its own so that a host that never gets there is
+    // killed after a while instead of hanging this program.
+    let stdout = process.stdout.take().ok_or("no stdout")?;
+    let (first_line, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = first_line.send(BufReader::new(stdout).lines().next());
+    });
+    let lead_id: SessionId = match read.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(Some(line)) => line?.trim_start_matches("lead ").parse()?,
+        Ok(None) => return Err(format!("the host process ended first: {}", process.wait()?).into()),
+        Err(_) => {
+            process.kill()?;
+            return Err("the host process did not delegate within two minutes".into());
+        }
     };
     process.kill()?; // SIGKILL: no destructor, no flush, no goodbye
     println!("killed the host process ({}) mid-turn", process.wait()?);

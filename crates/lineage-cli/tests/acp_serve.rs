@@ -341,17 +341,20 @@ async fn the_initialize_answer_on_the_wire() {
     assert!(exit_of(child).await.success());
 }
 
-fn usage_failure(args: &[&str]) -> String {
+/// `lineage acp serve --store STORE --script SCRIPT EXTRA...`, which must fail as a usage
+/// error without writing a frame; what it said on stderr.
+fn usage_failure(store: &Path, script: &Path, extra: &[&str]) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(args)
+        .args(["acp", "serve", "--store"])
+        .arg(store)
+        .arg("--script")
+        .arg(script)
+        .args(extra)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2), "{args:?}");
-    assert!(
-        output.stdout.is_empty(),
-        "stdout carries frames only: {args:?}"
-    );
+    assert_eq!(output.status.code(), Some(2), "{extra:?}");
+    assert!(output.stdout.is_empty(), "stdout carries frames only");
     String::from_utf8(output.stderr).unwrap()
 }
 
@@ -359,33 +362,16 @@ fn usage_failure(args: &[&str]) -> String {
 fn a_bad_command_line_or_script_is_a_usage_error_before_anything_is_served() {
     let dir = Dir::new();
     let store = dir.store();
-    let store = store.to_str().unwrap();
     let bad = dir.script("bad.json", r#"[{"txt": "a typo"}]"#);
-    let said = usage_failure(&[
-        "acp",
-        "serve",
-        "--store",
-        store,
-        "--script",
-        bad.to_str().unwrap(),
-    ]);
+    let said = usage_failure(&store, &bad, &[]);
     assert!(said.contains("bad.json") && said.contains("txt"), "{said}");
-    let said = usage_failure(&["acp", "serve", "--store", store, "--script", "missing.json"]);
+    let said = usage_failure(&store, Path::new("missing.json"), &[]);
     assert!(
         said.contains("cannot read the script missing.json"),
         "{said}"
     );
     let script = dir.script("ok.json", "[]");
-    let said = usage_failure(&[
-        "acp",
-        "serve",
-        "--store",
-        store,
-        "--script",
-        script.to_str().unwrap(),
-        "--model",
-        "a:b",
-    ]);
+    let said = usage_failure(&store, &script, &["--model", "a:b"]);
     assert!(said.contains("cannot be used with"), "{said}");
-    assert!(!dir.store().exists(), "nothing was written");
+    assert!(!store.exists(), "nothing was written");
 }

@@ -187,6 +187,20 @@ struct State {
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// Marks a session free of its prompt when dropped.
+struct Running<'a> {
+    sessions: &'a Mutex<HashMap<SessionId, Served>>,
+    id: SessionId,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(served) = lock(self.sessions).get_mut(&self.id) {
+            served.stop = None;
+        }
+    }
+}
+
 /// A prompt admitted to its session.
 struct Begun {
     id: SessionId,
@@ -360,6 +374,11 @@ impl State {
             text,
             stop,
         } = begun;
+        // The session takes prompts again once this one is over, however it ends.
+        let _running = Running {
+            sessions: &self.sessions,
+            id,
+        };
         let mut events = agent.subscribe();
         let forward = |event: AgentEvent| {
             if let AgentEvent::Appended { event, .. } = event {
@@ -385,9 +404,6 @@ impl State {
                 }
             }
         };
-        if let Some(served) = lock(&self.sessions).get_mut(&id) {
-            served.stop = None;
-        }
         let outcome = outcome.map_err(|e| internal(format!("session {id}: {e}")))?;
         // The answer promises the turn is kept: a client may kill the server the moment it has
         // it and load the session again.

@@ -143,7 +143,8 @@ async fn the_reference_client_sees_the_handshake_and_streamed_updates() {
     std::fs::write(dir.dir.path().join("a.txt"), "a").unwrap();
     let script = dir.script(
         "script.json",
-        r#"[{"tool_call": {"name": "list_dir", "arguments": {"path": "."}}}, {"text": "listed"}]"#,
+        r#"[{"tool_call": {"name": "list_dir", "arguments": {"path": "."}}}, {"text": "listed"},
+            {"text": "again"}]"#,
     );
     let cwd = dir.cwd();
     let ((init, stop, unknown, relative), seen, child) =
@@ -162,6 +163,13 @@ async fn the_reference_client_sees_the_handshake_and_streamed_updates() {
                 .block_task()
                 .await?
                 .stop_reason;
+            // The session takes the next prompt once the first is answered.
+            let again = cx
+                .send_request(prompt(&session, "once more"))
+                .block_task()
+                .await?
+                .stop_reason;
+            assert_eq!(again, acp::StopReason::EndTurn);
             let unknown = cx
                 .send_request(prompt(
                     &acp::SessionId::new(SessionId::new().to_string()),
@@ -188,6 +196,7 @@ async fn the_reference_client_sees_the_handshake_and_streamed_updates() {
             "tool_call_update call-1 InProgress",
             "tool_call_update call-1 Completed",
             "agent: listed",
+            "agent: again",
         ]
     );
     assert_eq!(unknown.code.value(), -32002, "{unknown:?}");

@@ -12,6 +12,7 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
 
 /// The variables a child inherits from the parent when the configuration names none.
 pub const DEFAULT_PASSTHROUGH: &[&str] = &[
@@ -162,7 +163,8 @@ impl AgentProcess {
         self.stdin.lock().await.take();
         self.signal(Signal::KILL);
         self.reap().await;
-        self.wait_group_gone(Duration::from_secs(1)).await;
+        self.wait_group_gone(Instant::now() + Duration::from_secs(1))
+            .await;
         self.status
     }
 
@@ -185,15 +187,9 @@ impl AgentProcess {
 
     /// Waits up to `grace` for the leader to exit and the group to empty.
     async fn wait_all(&mut self, grace: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + grace;
-        if tokio::time::timeout_at(deadline, self.reap())
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        self.wait_group_gone(deadline - tokio::time::Instant::now().min(deadline))
-            .await
+        let deadline = Instant::now() + grace;
+        tokio::time::timeout_at(deadline, self.reap()).await.is_ok()
+            && self.wait_group_gone(deadline).await
     }
 
     async fn reap(&mut self) {
@@ -202,18 +198,17 @@ impl AgentProcess {
         }
     }
 
-    /// Polls until no live process is left in the group, for at most `limit`. There is no
+    /// Polls until no live process is left in the group, until `deadline`. There is no
     /// notification for a group emptying whose members are not our children.
-    async fn wait_group_gone(&self, limit: Duration) -> bool {
+    async fn wait_group_gone(&self, deadline: Instant) -> bool {
         let Some(group) = self.group() else {
             return true;
         };
-        let deadline = tokio::time::Instant::now() + limit;
         loop {
             if !group_alive(group) {
                 return true;
             }
-            if tokio::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

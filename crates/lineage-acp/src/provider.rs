@@ -220,6 +220,26 @@ impl Stage {
 /// an agent exiting, whose status explains it.
 const EXIT_WAIT: Duration = Duration::from_millis(500);
 
+/// Where a failure's evidence about the process is read from: the process itself, its stderr's
+/// tail and the first line it wrote that was not a frame.
+#[derive(Clone)]
+struct Witness {
+    process: Arc<tokio::sync::Mutex<AgentProcess>>,
+    stderr: StderrTail,
+    malformed: Malformed,
+}
+
+impl Witness {
+    /// What the process can tell now, after waiting [`EXIT_WAIT`] for its exit status.
+    async fn evidence(&self) -> Evidence {
+        Evidence {
+            status: self.process.lock().await.wait_exit(EXIT_WAIT).await,
+            stderr: self.stderr.clone(),
+            malformed: self.malformed.clone(),
+        }
+    }
+}
+
 /// What a failure reports about the process, gathered after the fact.
 struct Evidence {
     status: Option<ExitStatus>,
@@ -230,10 +250,7 @@ struct Evidence {
 /// A failure at `stage`, for people: what went wrong, the exit status, a malformed frame if
 /// one came, and the stderr tail; at most [`lineage_subagent::MAX_DIAGNOSTIC_BYTES`].
 fn diagnostic(name: &str, stage: Stage, what: &str, evidence: &Evidence) -> String {
-    let mut text = format!(
-        "ACP agent {name} failed at stage {}: {what}",
-        stage.as_str()
-    );
+    let mut text = headline(name, stage, what);
     match evidence.status {
         Some(status) => text.push_str(&format!("; the process exited ({status})")),
         None => text.push_str("; the process was still running"),
@@ -254,6 +271,14 @@ fn diagnostic(name: &str, stage: Stage, what: &str, evidence: &Evidence) -> Stri
     bound_diagnostic(&text)
 }
 
+/// The first words of a failure's diagnostic.
+fn headline(name: &str, stage: Stage, what: &str) -> String {
+    format!(
+        "ACP agent {name} failed at stage {}: {what}",
+        stage.as_str()
+    )
+}
+
 /// The open connection of one run.
 struct Session {
     name: String,
@@ -261,21 +286,10 @@ struct Session {
     id: acp::SessionId,
     /// The `agent_message_chunk` texts so far.
     answer: Arc<Mutex<String>>,
-    process: Arc<tokio::sync::Mutex<AgentProcess>>,
-    stderr: StderrTail,
-    malformed: Malformed,
+    witness: Witness,
 }
 
 impl Session {
-    async fn evidence(&self) -> Evidence {
-        let status = self.process.lock().await.wait_exit(EXIT_WAIT).await;
-        Evidence {
-            status,
-            stderr: self.stderr.clone(),
-            malformed: self.malformed.clone(),
-        }
-    }
-
     fn answer(&self) -> Vec<ContentBlock> {
         let text = self
             .answer
@@ -320,7 +334,7 @@ impl Session {
                 self.result(reason, note)
             }
             Err(error) => {
-                let evidence = self.evidence().await;
+                let evidence = self.witness.evidence().await;
                 let what = rpc_error(&error);
                 let text = diagnostic(&self.name, Stage::Prompt, &what, &evidence);
                 self.result(StopReason::Error, Some(text))
@@ -402,17 +416,17 @@ async fn start(
     };
     let (process, stdout) = AgentProcess::spawn(launch).map_err(|error| {
         let what = format!("cannot run {}: {error}", config.program.display());
-        let text = format!(
-            "ACP agent {name} failed at stage {}: {what}",
-            Stage::Spawn.as_str()
-        );
+        let text = headline(&name, Stage::Spawn, &what);
         SubagentError::new(ErrorCode::AgentFailure, bound_diagnostic(&text))
     })?;
-    let stderr = process.stderr.clone();
     let malformed = Malformed::default();
     let transport = wire::lines(stdout, process.stdin.clone(), Some(malformed.clone()));
     let group = process.group();
-    let process = Arc::new(tokio::sync::Mutex::new(process));
+    let witness = Witness {
+        stderr: process.stderr.clone(),
+        process: Arc::new(tokio::sync::Mutex::new(process)),
+        malformed,
+    };
     let answer = Arc::new(Mutex::new(String::new()));
     let (connected, connection) = oneshot::channel();
     let (close, closed) = oneshot::channel::<()>();
@@ -452,31 +466,15 @@ async fn start(
             Ok(())
         },
     ));
-    let mut session = Session {
-        name: name.clone(),
-        connection: match connection.await {
-            Ok(connection) => connection,
-            Err(_) => {
-                let what = match driver.await {
-                    Ok(Err(error)) => error.to_string(),
-                    _ => "the connection did not start".to_owned(),
-                };
-                return Err(failed_start(
-                    &name,
-                    Stage::Initialize,
-                    &what,
-                    &process,
-                    &stderr,
-                    &malformed,
-                )
-                .await);
-            }
-        },
-        id: acp::SessionId::new(""),
-        answer,
-        process: process.clone(),
-        stderr: stderr.clone(),
-        malformed: malformed.clone(),
+    let connection = match connection.await {
+        Ok(connection) => connection,
+        Err(_) => {
+            let what = match driver.await {
+                Ok(Err(error)) => error.to_string(),
+                _ => "the connection did not start".to_owned(),
+            };
+            return Err(failed_start(&name, Stage::Initialize, &what, &witness).await);
+        }
     };
     // The stage in progress, for a failure of either request, a timeout or a cancel.
     let mut stage = Stage::Initialize;
@@ -484,16 +482,14 @@ async fn start(
         let initialize = acp::InitializeRequest::new(ProtocolVersion::V1).client_info(
             acp::Implementation::new("lineage", env!("CARGO_PKG_VERSION")),
         );
-        session
-            .connection
+        connection
             .send_request(initialize)
             .block_task()
             .await
             .map_err(|e| rpc_error(&e))?;
         stage = Stage::SessionNew;
         let new = acp::NewSessionRequest::new(cwd.clone());
-        session
-            .connection
+        connection
             .send_request(new)
             .block_task()
             .await
@@ -508,11 +504,11 @@ async fn start(
         cause = cancel.cancelled() => Err(format!("cancelled ({cause:?})")),
     }
     .map_err(|what| (stage, what));
-    session.id = match handshake {
-        Ok(id) => id,
+    let session_id = match handshake {
+        Ok(session_id) => session_id,
         Err((stage, what)) => {
             let _ = close.send(());
-            let error = failed_start(&name, stage, &what, &process, &stderr, &malformed).await;
+            let error = failed_start(&name, stage, &what, &witness).await;
             let _ = driver.await;
             return Err(if cancel.is_cancelled() {
                 SubagentError::new(ErrorCode::Cancelled, error.message().to_owned())
@@ -521,7 +517,14 @@ async fn start(
             });
         }
     };
-    let session = Arc::new(session);
+    let process = witness.process.clone();
+    let session = Arc::new(Session {
+        name: name.clone(),
+        connection,
+        id: session_id,
+        answer,
+        witness,
+    });
     let id = SessionId::new();
     tracing::debug!(provider = %name, run = %id, ?group, "ACP agent started");
     let result = {
@@ -550,25 +553,9 @@ async fn start(
 
 /// A start that failed before its run was published: the group killed and reaped first, then
 /// the error naming the stage and the exit status.
-async fn failed_start(
-    name: &str,
-    stage: Stage,
-    what: &str,
-    process: &tokio::sync::Mutex<AgentProcess>,
-    stderr: &StderrTail,
-    malformed: &Malformed,
-) -> SubagentError {
-    let status = {
-        let mut process = process.lock().await;
-        let status = process.wait_exit(EXIT_WAIT).await;
-        process.kill().await;
-        status
-    };
-    let evidence = Evidence {
-        status,
-        stderr: stderr.clone(),
-        malformed: malformed.clone(),
-    };
+async fn failed_start(name: &str, stage: Stage, what: &str, witness: &Witness) -> SubagentError {
+    let evidence = witness.evidence().await;
+    witness.process.lock().await.kill().await;
     SubagentError::new(
         ErrorCode::AgentFailure,
         diagnostic(name, stage, what, &evidence),

@@ -433,11 +433,10 @@ fn stop_reason(id: SessionId, reason: &TurnEndReason) -> Result<acp::StopReason,
         TurnEndReason::Blocked => acp::StopReason::Refusal,
         TurnEndReason::Budget(_) => acp::StopReason::MaxTurnRequests,
         TurnEndReason::Error(error) => {
-            return Err(Error::new(
-                -32603,
-                format!("session {id}: the turn failed: {}", error.message),
-            )
-            .data(serde_json::json!({ "code": error.code.as_str() })));
+            return Err(
+                internal(format!("session {id}: the turn failed: {}", error.message))
+                    .data(serde_json::json!({ "code": error.code.as_str() })),
+            );
         }
         other => {
             return Err(internal(format!("session {id}: the turn ended {other:?}")));
@@ -445,6 +444,7 @@ fn stop_reason(id: SessionId, reason: &TurnEndReason) -> Result<acp::StopReason,
     })
 }
 
+/// An internal error (-32603) saying `message`.
 fn internal(message: String) -> Error {
     Error::new(-32603, message)
 }

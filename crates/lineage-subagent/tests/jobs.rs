@@ -9,11 +9,7 @@ use lineage_log::MessageSource;
 use lineage_subagent::tools::{JobKillTool, JobOutputTool, SubagentTool, SubagentToolConfig};
 use lineage_subagent::{JobId, JobOutcome};
 use lineage_testkit::subagent::*;
-use serde_json::{Value, json};
-
-fn call(id: &str, name: &str, arguments: Value) -> Response {
-    Response::tool_call(id, name, &arguments.to_string())
-}
+use serde_json::json;
 
 /// A parent with a one-shot `subagent` tool (background allowed, as by default) and the job
 /// tools.
@@ -32,11 +28,6 @@ async fn parent(h: &Harness) -> Arc<Agent> {
         JobKillTool::new(&h.runtime),
     ];
     h.parent_with(parent_spec(tools)).await
-}
-
-fn assert_error(answer: &Answer, code: &str) {
-    assert!(answer.is_error, "expected an error result, got {answer:?}");
-    assert_eq!(answer.code.as_deref(), Some(code), "{answer:?}");
 }
 
 fn job_notices(agent: &Agent) -> Vec<String> {
@@ -86,12 +77,7 @@ async fn a_background_job_returns_its_id_at_once_and_its_owner_collects_the_resu
     run_turn(&parent, "survey in the background").await;
 
     // The one-shot tool offered the switch, described as a job.
-    let schema = h.parent_model().requests()[0]
-        .tools
-        .iter()
-        .find(|t| t.name == "subagent")
-        .map(|t| t.parameters.clone())
-        .unwrap();
+    let schema = offered(&h.parent_model().requests()[0], "subagent");
     let switch = &schema["properties"]["run_in_background"]["description"];
     assert!(switch.as_str().unwrap().contains("job_output"), "{schema}");
 

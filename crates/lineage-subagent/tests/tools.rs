@@ -54,11 +54,6 @@ fn coordinator(agent: &Agent) -> MessageSource {
     MessageSource::Coordinator { sender: agent.id() }
 }
 
-/// A scripted step calling `name` once with `arguments`.
-fn call(id: &str, name: &str, arguments: Value) -> Response {
-    Response::tool_call(id, name, &arguments.to_string())
-}
-
 /// A scripted step calling several tools: `(call id, tool name, arguments)`.
 fn calls(list: &[(&str, &str, Value)]) -> Response {
     let raw: Vec<(String, String, String)> = list
@@ -92,16 +87,6 @@ fn user_messages(events: &[Event]) -> Vec<(MessageId, String, MessageSource)> {
 }
 
 /// The schema of the tool `name` offered by `request`.
-fn offered(request: &lineage_agent::ModelRequest, name: &str) -> Value {
-    request
-        .tools
-        .iter()
-        .find(|t| t.name == name)
-        .unwrap_or_else(|| panic!("the request offers {name:?}: {:?}", tool_names(request)))
-        .parameters
-        .clone()
-}
-
 fn continuable_spawn_tool(h: &Harness) -> Arc<SubagentTool> {
     SubagentTool::new(
         &h.runtime,
@@ -112,19 +97,6 @@ fn continuable_spawn_tool(h: &Harness) -> Arc<SubagentTool> {
         },
     )
     .expect("the tool is created")
-}
-
-fn assert_error(answer: &Answer, code: &str) {
-    assert!(answer.is_error, "expected an error result, got {answer:?}");
-    assert_eq!(answer.code.as_deref(), Some(code), "{answer:?}");
-}
-
-fn assert_ok(answer: &Answer) {
-    assert!(
-        !answer.is_error,
-        "expected a successful result, got {answer:?}"
-    );
-    assert_eq!(answer.code, None);
 }
 
 // ----- the `subagent` tool in continuable mode ---------------------------------------------------

@@ -371,6 +371,38 @@ pub fn tool_names(request: &ModelRequest) -> Vec<String> {
     request.tools.iter().map(|t| t.name.clone()).collect()
 }
 
+/// The input schema a model request offered for tool `name`; panics naming the offered tools
+/// when there is none.
+pub fn offered(request: &ModelRequest, name: &str) -> serde_json::Value {
+    request
+        .tools
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("the request offers {name:?}: {:?}", tool_names(request)))
+        .parameters
+        .clone()
+}
+
+/// A scripted step calling tool `name` once, as call `id`, with `arguments`.
+pub fn call(id: &str, name: &str, arguments: serde_json::Value) -> Response {
+    Response::tool_call(id, name, &arguments.to_string())
+}
+
+/// Asserts that `answer` is an error result with `code`.
+pub fn assert_error(answer: &Answer, code: &str) {
+    assert!(answer.is_error, "expected an error result, got {answer:?}");
+    assert_eq!(answer.code.as_deref(), Some(code), "{answer:?}");
+}
+
+/// Asserts that `answer` is a successful result.
+pub fn assert_ok(answer: &Answer) {
+    assert!(
+        !answer.is_error,
+        "expected a successful result, got {answer:?}"
+    );
+    assert_eq!(answer.code, None);
+}
+
 /// The texts of a model request's messages, in order.
 pub fn message_texts(request: &ModelRequest) -> Vec<String> {
     request.messages.iter().map(Message::text).collect()

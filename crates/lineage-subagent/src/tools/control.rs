@@ -21,7 +21,8 @@ pub(crate) fn refused(error: &SubagentError) -> ToolOutput {
     ToolOutput::error("SubagentError", error.code().as_str(), error.to_string())
 }
 
-fn invalid(text: impl Into<lineage_log::Text>) -> ToolOutput {
+/// Arguments the model got wrong, as the model reads it.
+pub(crate) fn invalid(text: impl Into<lineage_log::Text>) -> ToolOutput {
     ToolOutput::error("SubagentError", INVALID_ARGUMENTS, text)
 }
 

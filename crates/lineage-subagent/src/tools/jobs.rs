@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput};
+use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
 use serde_json::{Value, json};
 
-use crate::tools::control::refused;
+use crate::tools::control::{invalid, refused};
 use crate::{JobId, SubagentRuntime};
 
 /// The name of [`JobOutputTool`].
@@ -16,14 +16,13 @@ pub const JOB_KILL: &str = "job_kill";
 
 /// The job id in `arguments`, or the result that says why not.
 fn job_arg(arguments: &Value) -> Result<JobId, ToolOutput> {
-    let invalid = |text: String| ToolOutput::error("SubagentError", INVALID_ARGUMENTS, text);
     let raw = arguments
         .get("job_id")
         .and_then(Value::as_str)
-        .ok_or_else(|| invalid("`job_id` must be a string".into()))?;
+        .ok_or_else(|| invalid("`job_id` must be a string"))?;
     raw.trim()
         .parse()
-        .map_err(|e: crate::SubagentError| invalid(e.message().to_owned()))
+        .map_err(|e: crate::SubagentError| invalid(e.message()))
 }
 
 /// Collects a background job's result, waiting for it by default.
@@ -76,13 +75,7 @@ impl Tool for JobOutputTool {
             let wait = match arguments.get("wait") {
                 None | Some(Value::Null) => true,
                 Some(Value::Bool(wait)) => *wait,
-                Some(_) => {
-                    return ToolOutput::error(
-                        "SubagentError",
-                        INVALID_ARGUMENTS,
-                        "`wait` must be true or false",
-                    );
-                }
+                Some(_) => return invalid("`wait` must be true or false"),
             };
             let output = self.runtime.job_output(ctx.agent.id(), job, wait);
             let outcome = tokio::select! {

@@ -14,11 +14,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod process;
 mod provider;
 mod serve;
 mod wire;
 
-pub use process::{DEFAULT_PASSTHROUGH, child_env, credential_shaped, group_alive};
+pub use lineage_process::{DEFAULT_PASSTHROUGH, child_env, credential_shaped, group_alive};
 pub use provider::{AcpProvider, AcpProviderConfig, PermissionPolicy};
 pub use serve::{ServeError, ServeOptions, SessionSpec, serve};

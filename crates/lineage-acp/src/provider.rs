@@ -11,17 +11,20 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema as acp;
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
-use lineage_agent::{Agent as LineageAgent, BoxFuture, Cancellation};
+use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
 use lineage_subagent::{
     Capabilities, ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
-    SubagentRun, bound_diagnostic,
+    SubagentRun, bound_diagnostic, child_working_directory,
 };
 use tokio::sync::oneshot;
 
-use crate::process::{AgentProcess, DEFAULT_PASSTHROUGH, Launch, StderrTail, child_env};
-use crate::wire::{self, Malformed};
+use lineage_process::{
+    AgentProcess, DEFAULT_PASSTHROUGH, Launch, Malformed, StderrTail, child_env,
+};
+
+use crate::wire;
 
 /// How a child agent's permission requests are answered. Nobody is asked: a delegated run is
 /// unattended.
@@ -150,43 +153,12 @@ impl Provider for AcpProvider {
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let config = self.config.clone();
         // Read now: the parent as it was when the delegation was asked for.
-        let cwd = working_directory(&config, &request.request.parent);
+        let cwd = child_working_directory(config.cwd.as_deref(), &request.request.parent)
+            .map_err(|message| refusal(&config.name, message));
         let prompt = request.request.prompt;
         let cancel = request.request.cancel;
         Box::pin(async move { start(config, cwd?, prompt, cancel).await })
     }
-}
-
-/// The agent's working directory: the configured one, else the parent's.
-fn working_directory(
-    config: &AcpProviderConfig,
-    parent: &LineageAgent,
-) -> Result<PathBuf, SubagentError> {
-    let cwd = match &config.cwd {
-        Some(cwd) => cwd.clone(),
-        None => match &parent.header().cwd {
-            Some(cwd) => PathBuf::from(cwd.as_str()),
-            None => {
-                return Err(refusal(
-                    &config.name,
-                    format!(
-                        "agent {} has no working directory and the provider names none",
-                        parent.id()
-                    ),
-                ));
-            }
-        },
-    };
-    if !cwd.is_absolute() || !cwd.is_dir() {
-        return Err(refusal(
-            &config.name,
-            format!(
-                "the working directory {} is not an absolute path to a directory",
-                cwd.display()
-            ),
-        ));
-    }
-    Ok(cwd)
 }
 
 fn refusal(name: &str, message: String) -> SubagentError {

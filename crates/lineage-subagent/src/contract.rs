@@ -2,6 +2,7 @@
 //! the run it hands back.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use lineage_agent::{Agent, Agents, BoxFuture, Cancellation};
@@ -298,6 +299,32 @@ pub fn bound_diagnostic(diagnostic: &str) -> String {
         end -= 1;
     }
     format!("{}{MARK}", &diagnostic[..end])
+}
+
+/// The working directory of a child in another process: `configured`, else the delegating
+/// agent's (its session's `cwd`). Either must be an absolute path to a directory: a child never
+/// runs in the host's own working directory by accident. The error is a sentence for people.
+pub fn child_working_directory(
+    configured: Option<&Path>,
+    parent: &Agent,
+) -> Result<PathBuf, String> {
+    let cwd = match (configured, &parent.header().cwd) {
+        (Some(cwd), _) => cwd.to_path_buf(),
+        (None, Some(cwd)) => PathBuf::from(cwd.as_str()),
+        (None, None) => {
+            return Err(format!(
+                "agent {} has no working directory and the provider names none",
+                parent.id()
+            ));
+        }
+    };
+    if !cwd.is_absolute() || !cwd.is_dir() {
+        return Err(format!(
+            "the working directory {} is not an absolute path to a directory",
+            cwd.display()
+        ));
+    }
+    Ok(cwd)
 }
 
 type RunOutcome = Option<Result<SubagentResult, SubagentError>>;

@@ -40,7 +40,7 @@ pub use continuation::{Authority, ContinuableRequest, ContinuableStarted, Report
 pub use contract::{
     Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,
     MAX_DIAGNOSTIC_BYTES, PrepareContinuable, Provider, ResolvedStart, StartRequest, StopReason,
-    SubagentResult, SubagentRun, bound_diagnostic,
+    SubagentResult, SubagentRun, bound_diagnostic, child_working_directory,
 };
 pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
 pub use host::{Host, HostError, Outcome};

@@ -1,4 +1,4 @@
-//! An agent's process: spawned in its own process group with an allow-listed environment, its
+//! A child agent's process: spawned in its own process group with an allow-listed environment, its
 //! stderr's tail kept for diagnostics, and torn down by a ladder that leaves no process of its
 //! group behind.
 
@@ -21,7 +21,7 @@ pub const DEFAULT_PASSTHROUGH: &[&str] = &[
 ];
 
 /// The most bytes of a child's stderr kept for its diagnostics (the newest ones).
-pub(crate) const STDERR_TAIL_BYTES: usize = 2048;
+pub const STDERR_TAIL_BYTES: usize = 2048;
 
 /// Whether a variable's name looks like it holds a credential. Such a variable is never passed
 /// through from the parent, even when allow-listed; only an explicit `env` entry sets one.
@@ -57,9 +57,9 @@ pub fn child_env(
     env
 }
 
-/// The newest bytes a child wrote to stderr.
-#[derive(Clone, Default)]
-pub(crate) struct StderrTail(Arc<Mutex<Vec<u8>>>);
+/// The newest bytes a child wrote to stderr ([`STDERR_TAIL_BYTES`] at most).
+#[derive(Clone, Debug, Default)]
+pub struct StderrTail(Arc<Mutex<Vec<u8>>>);
 
 impl StderrTail {
     fn push(&self, bytes: &[u8]) {
@@ -72,27 +72,34 @@ impl StderrTail {
     }
 
     /// The tail as text (lossy), trimmed.
-    pub(crate) fn text(&self) -> String {
+    pub fn text(&self) -> String {
         let tail = self.0.lock().unwrap_or_else(|p| p.into_inner());
         String::from_utf8_lossy(&tail).trim().to_owned()
     }
 }
 
 /// What to run.
-pub(crate) struct Launch<'a> {
+#[derive(Debug)]
+pub struct Launch<'a> {
+    /// The program, found on `PATH` when it has no directory part.
     pub program: &'a OsStr,
+    /// Its arguments.
     pub args: &'a [OsString],
+    /// Its working directory.
     pub cwd: &'a Path,
+    /// Its whole environment (see [`child_env`]): nothing else is inherited.
     pub env: Vec<(OsString, OsString)>,
 }
 
 /// A running agent process, the leader of its own process group.
-pub(crate) struct AgentProcess {
+#[derive(Debug)]
+pub struct AgentProcess {
     child: Child,
     /// The group's id (the leader's pid); `None` only if the pid was unknown at spawn.
     group: Option<Pid>,
     /// The child's stdin, shared with the transport that writes frames; taking it closes it.
     pub stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
+    /// The newest bytes of its stderr.
     pub stderr: StderrTail,
     status: Option<ExitStatus>,
 }
@@ -130,7 +137,7 @@ impl AgentProcess {
                 let mut buf = [0u8; 4096];
                 while let Ok(n @ 1..) = pipe.read(&mut buf).await {
                     tail.push(&buf[..n]);
-                    tracing::debug!(target: "lineage_acp::child", "{}", String::from_utf8_lossy(&buf[..n]).trim_end());
+                    tracing::debug!(target: "lineage_process::child", "{}", String::from_utf8_lossy(&buf[..n]).trim_end());
                 }
             });
         }
@@ -225,7 +232,7 @@ impl AgentProcess {
 
 /// Where the dispose ladder stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ladder {
+pub enum Ladder {
     /// The group left after stdin closed.
     Exited,
     /// The group left after SIGTERM.

@@ -1,0 +1,230 @@
+//! What both products share: how their process is configured and spawned, the frames it writes,
+//! and a failure's diagnostic.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lineage_process::{
+    AgentProcess, DEFAULT_PASSTHROUGH, FrameReader, Ladder, Launch, Malformed, SharedWriter,
+    StderrTail, child_env, write_frame,
+};
+use lineage_subagent::{ErrorCode, SubagentError, bound_diagnostic};
+use serde_json::Value;
+use tokio::process::ChildStdin;
+use tokio::sync::mpsc;
+
+/// How a product's process runs: the part of a provider's configuration both products share.
+#[derive(Clone, Debug)]
+pub struct ProcessConfig {
+    /// The product's program (`node_modules/.bin/codex` or `node_modules/.bin/claude` of an
+    /// installation, see `scripts/install-products`), found on `PATH` when it has no directory
+    /// part.
+    pub program: PathBuf,
+    /// Arguments before the ones the provider adds (such as `-c key=value` for Codex).
+    pub args: Vec<OsString>,
+    /// Its working directory; by default the delegating agent's (its session's `cwd`). Either
+    /// must be absolute and a directory.
+    pub cwd: Option<PathBuf>,
+    /// Variables set for the product, credentials included (`OPENAI_API_KEY`,
+    /// `ANTHROPIC_API_KEY`, `CODEX_HOME`, ...): nothing else reaches it but these and the
+    /// passed-through ones.
+    pub env: Vec<(OsString, OsString)>,
+    /// The parent's variables passed through, unless credential-shaped. Default
+    /// [`DEFAULT_PASSTHROUGH`].
+    pub env_passthrough: Vec<OsString>,
+    /// How long a start waits for the product's handshake (default 60 s).
+    pub handshake_timeout: Duration,
+    /// How long disposal waits for the product to exit once its stdin is closed (default 6 s).
+    pub eof_grace: Duration,
+    /// How long disposal waits after SIGTERM before SIGKILL (default 3 s).
+    pub term_grace: Duration,
+}
+
+impl ProcessConfig {
+    /// `program` with no extra arguments, the defaults otherwise.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        ProcessConfig {
+            program: program.into(),
+            args: Vec::new(),
+            cwd: None,
+            env: Vec::new(),
+            env_passthrough: DEFAULT_PASSTHROUGH.iter().map(OsString::from).collect(),
+            handshake_timeout: Duration::from_secs(60),
+            eof_grace: Duration::from_secs(6),
+            term_grace: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Where a run failed, named in its diagnostic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Spawn,
+    Initialize,
+    ThreadStart,
+    Turn,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Spawn => "spawn",
+            Stage::Initialize => "initialize",
+            Stage::ThreadStart => "thread-start",
+            Stage::Turn => "turn",
+        }
+    }
+}
+
+/// How long a failure waits for the product's exit status: output that ended is most often a
+/// product exiting, whose status explains it.
+const EXIT_WAIT: Duration = Duration::from_millis(500);
+
+/// A product's running process and the frames it writes, parsed.
+pub(crate) struct Link {
+    /// The product's name and the provider's, for diagnostics ("Codex (codex)").
+    who: String,
+    process: tokio::sync::Mutex<AgentProcess>,
+    stdin: Arc<SharedWriter<ChildStdin>>,
+    stderr: StderrTail,
+    malformed: Malformed,
+    frames: tokio::sync::Mutex<mpsc::UnboundedReceiver<io::Result<Value>>>,
+}
+
+impl Link {
+    /// Spawns the product: `config`'s program and arguments, then `args`, in `cwd`.
+    pub(crate) fn spawn(
+        who: String,
+        config: &ProcessConfig,
+        args: &[OsString],
+        cwd: &std::path::Path,
+    ) -> Result<Link, SubagentError> {
+        let all_args: Vec<OsString> = config.args.iter().chain(args).cloned().collect();
+        let launch = Launch {
+            program: config.program.as_os_str(),
+            args: &all_args,
+            cwd,
+            env: child_env(std::env::vars_os(), &config.env_passthrough, &config.env),
+        };
+        let (process, stdout) = AgentProcess::spawn(launch).map_err(|error| {
+            let what = format!("cannot run {}: {error}", config.program.display());
+            failure(&headline(&who, Stage::Spawn, &what))
+        })?;
+        let malformed = Malformed::default();
+        let (frames_in, frames) = mpsc::unbounded_channel();
+        let mut reader = FrameReader::strict(stdout, malformed.clone());
+        // Read on a task of its own, so the product never blocks on a full stdout whoever is
+        // (or is not) waiting for its frames.
+        tokio::spawn(async move {
+            while let Some(frame) = reader.next().await {
+                let frame = frame.and_then(|line| {
+                    serde_json::from_str(&line)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+                });
+                if frames_in.send(frame).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Link {
+            who,
+            stdin: process.stdin.clone(),
+            stderr: process.stderr.clone(),
+            process: tokio::sync::Mutex::new(process),
+            malformed,
+            frames: tokio::sync::Mutex::new(frames),
+        })
+    }
+
+    /// Who the diagnostics name.
+    pub(crate) fn who(&self) -> &str {
+        &self.who
+    }
+
+    /// Writes one frame.
+    pub(crate) async fn send(&self, frame: &Value) -> io::Result<()> {
+        write_frame(&self.stdin, &frame.to_string()).await
+    }
+
+    /// The next frame; `Err` with what ended the output (its end included).
+    pub(crate) async fn next(&self) -> Result<Value, String> {
+        match self.frames.lock().await.recv().await {
+            Some(Ok(frame)) => Ok(frame),
+            Some(Err(error)) => Err(format!("its output broke: {error}")),
+            None => Err("its output ended".to_owned()),
+        }
+    }
+
+    /// A failure at `stage` for people: what went wrong, then what the process can tell (its
+    /// exit status, a line that was not a frame, its stderr's tail), bounded.
+    pub(crate) async fn diagnostic(&self, stage: Stage, what: &str) -> String {
+        let status: Option<ExitStatus> = self.process.lock().await.wait_exit(EXIT_WAIT).await;
+        let mut text = headline(&self.who, stage, what);
+        match status {
+            Some(status) => text.push_str(&format!("; the process exited ({status})")),
+            None => text.push_str("; the process was still running"),
+        }
+        if let Some(line) = self
+            .malformed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            text.push_str(&format!("; it wrote a line that is not a frame: {line:?}"));
+        }
+        let stderr = self.stderr.text();
+        if !stderr.is_empty() {
+            text.push_str("\nstderr (last lines):\n");
+            text.push_str(&stderr);
+        }
+        bound_diagnostic(&text)
+    }
+
+    /// A start that failed before its run was published: the diagnostic, then the group killed
+    /// and reaped.
+    pub(crate) async fn failed_start(&self, stage: Stage, what: &str) -> SubagentError {
+        let text = self.diagnostic(stage, what).await;
+        self.process.lock().await.kill().await;
+        failure(&text)
+    }
+
+    /// The teardown ladder (see [`AgentProcess::shut_down`]).
+    pub(crate) async fn shut_down(&self, config: &ProcessConfig) -> Ladder {
+        self.process
+            .lock()
+            .await
+            .shut_down(config.eof_grace, config.term_grace)
+            .await
+    }
+
+    /// The process group's id.
+    pub(crate) async fn group(&self) -> Option<i32> {
+        self.process.lock().await.group()
+    }
+}
+
+/// The first words of a failure's diagnostic.
+fn headline(who: &str, stage: Stage, what: &str) -> String {
+    format!("{who} failed at stage {}: {what}", stage.as_str())
+}
+
+fn failure(text: &str) -> SubagentError {
+    SubagentError::new(ErrorCode::AgentFailure, bound_diagnostic(text))
+}
+
+/// A refusal before anything starts, for a request the provider cannot serve.
+pub(crate) fn refusal(who: &str, message: String) -> SubagentError {
+    SubagentError::new(ErrorCode::InvalidRequest, format!("{who}: {message}"))
+}
+
+/// The text of a JSON value when it is a string, else its JSON.
+pub(crate) fn text_of(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}

@@ -194,7 +194,10 @@ struct Connection {
 impl Connection {
     /// Sends control request `subtype`; its id.
     async fn control(&self, subtype: &str) -> Result<String, String> {
-        let id = format!("lineage-{}", self.next_request.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "lineage-{}",
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
         let request = json!({
             "type": "control_request",
             "request_id": id,
@@ -224,7 +227,8 @@ impl Connection {
             let response = json!({ "subtype": "success", "request_id": id, "response": denial });
             (response, None)
         } else {
-            let why = format!("Claude Code asked for {subtype}, which an unattended run cannot answer");
+            let why =
+                format!("Claude Code asked for {subtype}, which an unattended run cannot answer");
             let response = json!({ "subtype": "error", "request_id": id, "error": why });
             (response, Some(why))
         };
@@ -341,7 +345,10 @@ async fn start(
                 let response = &frame["response"];
                 return match response["subtype"].as_str() {
                     Some("success") => Ok(()),
-                    _ => Err(format!("initialize was refused: {}", text_of(&response["error"]))),
+                    _ => Err(format!(
+                        "initialize was refused: {}",
+                        text_of(&response["error"])
+                    )),
                 };
             }
         }
@@ -454,7 +461,12 @@ mod tests {
         assert_eq!(long.stop_reason, StopReason::MaxTokens);
         let during = ended(json!({ "subtype": "error_during_execution", "is_error": true }));
         assert_eq!(during.stop_reason, StopReason::Error);
-        assert!(during.diagnostic.unwrap().contains("error_during_execution"));
+        assert!(
+            during
+                .diagnostic
+                .unwrap()
+                .contains("error_during_execution")
+        );
     }
 
     #[test]
@@ -471,7 +483,10 @@ mod tests {
         assert!(has(&["--disallowedTools", "AskUserQuestion"]), "{args:?}");
         assert!(has(&["--permission-mode", "dontAsk"]), "{args:?}");
         assert!(has(&["--permission-prompt-tool", "stdio"]), "{args:?}");
-        assert!(has(&["--model", "m"]) && has(&["--max-turns", "3"]), "{args:?}");
+        assert!(
+            has(&["--model", "m"]) && has(&["--max-turns", "3"]),
+            "{args:?}"
+        );
         assert!(args.iter().any(|a| a == "--no-session-persistence"));
     }
 }

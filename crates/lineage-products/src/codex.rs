@@ -9,8 +9,8 @@ use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
 use lineage_subagent::{
-    Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
-    SubagentRun, bound_diagnostic, child_working_directory,
+    Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    bound_diagnostic, child_working_directory,
 };
 use serde_json::{Value, json};
 
@@ -309,7 +309,10 @@ impl Turn {
             }
             "error" => {
                 let error = &params["error"];
-                self.error = Some((category(&error["codexErrorInfo"]), text_of(&error["message"])));
+                self.error = Some((
+                    category(&error["codexErrorInfo"]),
+                    text_of(&error["message"]),
+                ));
             }
             "turn/completed" => {
                 let turn = &params["turn"];
@@ -350,7 +353,10 @@ impl Turn {
             ),
             Some((status, error)) => {
                 let (category, message) = match error {
-                    Some(error) => (category(&error["codexErrorInfo"]), text_of(&error["message"])),
+                    Some(error) => (
+                        category(&error["codexErrorInfo"]),
+                        text_of(&error["message"]),
+                    ),
                     None => self.error.clone().unwrap_or_else(|| {
                         ("other".to_owned(), format!("the turn ended {status}"))
                     }),
@@ -363,7 +369,10 @@ impl Turn {
                 let text = format!("{who} failed ({category}): {message}");
                 (reason, Some(bound_diagnostic(&text)))
             }
-            None => (StopReason::Error, Some(format!("{who} did not finish its turn"))),
+            None => (
+                StopReason::Error,
+                Some(format!("{who} did not finish its turn")),
+            ),
         };
         SubagentResult {
             output,
@@ -540,14 +549,18 @@ mod tests {
     #[test]
     fn the_answer_is_the_last_final_message_else_the_last_unmarked_one() {
         let mut turn = Turn::default();
-        let message = |text: &str, phase: Value| {
-            json!({ "item": { "type": "agentMessage", "text": text, "phase": phase } })
-        };
+        let message = |text: &str, phase: Value| json!({ "item": { "type": "agentMessage", "text": text, "phase": phase } });
         turn.notice("item/completed", &message("first", Value::Null));
-        turn.notice("item/completed", &message("thinking aloud", json!("commentary")));
+        turn.notice(
+            "item/completed",
+            &message("thinking aloud", json!("commentary")),
+        );
         turn.notice("item/completed", &message("second", Value::Null));
         assert_eq!(turn.answer(), vec![ContentBlock::text("second")]);
-        turn.notice("item/completed", &message("the answer", json!("final_answer")));
+        turn.notice(
+            "item/completed",
+            &message("the answer", json!("final_answer")),
+        );
         turn.notice("item/completed", &message("an afterthought", Value::Null));
         assert_eq!(turn.answer(), vec![ContentBlock::text("the answer")]);
         turn.notice("turn/completed", &completed("completed", Value::Null));

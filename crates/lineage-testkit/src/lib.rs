@@ -3,8 +3,9 @@
 //! Without features: deterministic realistic sessions, an endless seeded stream of turns for
 //! writer processes ([`TurnStream`]), proptest strategies for random valid logs
 //! and batch partitions, random events of every variant, short event and turn constructors for
-//! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), and helper processes a
-//! test binary re-runs itself as, to crash or to run beside ([`process`]). These depend on
+//! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), helper processes a
+//! test binary re-runs itself as, to crash or to run beside ([`process`]), and the external
+//! agent products, installed on first use ([`products`]). These depend on
 //! `lineage-log` and the standard library only.
 //!
 //! Feature `agent` adds the agent harness (module `agent`: a store, a scripted model, a registry, tools
@@ -30,6 +31,7 @@ pub mod ev;
 #[cfg(feature = "loopback")]
 pub mod loopback;
 pub mod process;
+pub mod products;
 mod random;
 pub mod read;
 mod realistic;

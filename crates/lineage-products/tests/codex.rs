@@ -1,0 +1,244 @@
+//! Delegation to Codex, for real: the `codex` of the pinned package (installed on first use),
+//! `codex app-server` in a process of its own per run, its model the loopback server's Responses
+//! endpoint.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Parent, body_has, requests_reach};
+use lineage_agent::Cancellation;
+use lineage_log::{AbortCause, ContentBlock};
+use lineage_products::{ApprovalPolicy, CodexConfig, CodexProvider, SandboxMode};
+use lineage_subagent::{ErrorCode, JobOutcome, StartRequest, StopReason, SubagentResult};
+use lineage_testkit::loopback::{LoopbackServer, Reply, responses};
+
+fn provider(config: CodexConfig) -> Arc<CodexProvider> {
+    Arc::new(CodexProvider::new(config))
+}
+
+/// Runs `task` through `config` to its end, disposes of the run and checks no process is left.
+async fn delegate(parent: &Parent, config: CodexConfig, task: &str) -> SubagentResult {
+    let run = parent.start(provider(config), task, |r| r).await.unwrap();
+    let result = run.result().await.unwrap();
+    run.dispose().await.unwrap();
+    assert_eq!(
+        parent.survivors(),
+        Vec::<u32>::new(),
+        "a process outlived its run"
+    );
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
+    let server = LoopbackServer::start([responses::text("Paris is the capital.")])
+        .await
+        .unwrap();
+    let parent = Parent::new().await;
+    let result = delegate(
+        &parent,
+        parent.codex(&server),
+        "Name the capital of France.",
+    )
+    .await;
+    assert_eq!(
+        result.stop_reason,
+        StopReason::Completed,
+        "{:?}",
+        result.diagnostic
+    );
+    assert_eq!(
+        result.output,
+        vec![ContentBlock::text("Paris is the capital.")]
+    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].path, "/v1/responses");
+    assert!(body_has(&requests[0], "Name the capital of France."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_runs_a_command_itself_then_answers() {
+    let command = r#"{"cmd":"echo codex-was-here > proof.txt && cat proof.txt"}"#;
+    let server = LoopbackServer::start([
+        responses::tool_call("call_1", "exec_command", command),
+        responses::text("I wrote proof.txt."),
+    ])
+    .await
+    .unwrap();
+    let parent = Parent::new().await;
+    let mut config = parent.codex(&server);
+    config.sandbox = SandboxMode::DangerFullAccess;
+    let result = delegate(&parent, config, "Write proof.txt.").await;
+    assert_eq!(
+        result.stop_reason,
+        StopReason::Completed,
+        "{:?}",
+        result.diagnostic
+    );
+    assert_eq!(
+        result.output,
+        vec![ContentBlock::text("I wrote proof.txt.")]
+    );
+    let proof = std::fs::read_to_string(parent.work().join("proof.txt")).unwrap();
+    assert_eq!(proof, "codex-was-here\n");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(body_has(&requests[1], "function_call_output"));
+    assert!(
+        body_has(&requests[1], "codex-was-here"),
+        "the command's output went back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
+    let command = r#"{"cmd":"touch declined.txt"}"#;
+    let server = LoopbackServer::start([
+        responses::tool_call("call_1", "exec_command", command),
+        responses::text("I was not allowed to touch it."),
+    ])
+    .await
+    .unwrap();
+    let parent = Parent::new().await;
+    let mut config = parent.codex(&server);
+    config.approval_policy = ApprovalPolicy::Untrusted;
+    config.sandbox = SandboxMode::ReadOnly;
+    let result = delegate(&parent, config, "Touch declined.txt.").await;
+    assert_eq!(
+        result.stop_reason,
+        StopReason::Completed,
+        "{:?}",
+        result.diagnostic
+    );
+    assert!(
+        !parent.work().join("declined.txt").exists(),
+        "a declined command ran"
+    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(
+        body_has(&requests[1], "rejected"),
+        "the model heard of the refusal"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_failures_keep_their_category() {
+    let too_long = responses::error_body("context_length_exceeded", "too many tokens");
+    let server = LoopbackServer::start([
+        Reply::status(400, too_long),
+        Reply::status(500, responses::error_body("server_error", "it broke")),
+    ])
+    .await
+    .unwrap();
+    let parent = Parent::new().await;
+    let result = delegate(&parent, parent.codex(&server), "A long task.").await;
+    assert_eq!(
+        result.stop_reason,
+        StopReason::MaxTokens,
+        "{:?}",
+        result.diagnostic
+    );
+    let diagnostic = result.diagnostic.unwrap();
+    assert!(diagnostic.contains("contextWindowExceeded"), "{diagnostic}");
+    let result = delegate(&parent, parent.codex(&server), "Another task.").await;
+    assert_eq!(result.stop_reason, StopReason::Error);
+    let diagnostic = result.diagnostic.unwrap();
+    assert!(
+        diagnostic.starts_with("Codex (codex) failed (internalServerError)"),
+        "{diagnostic}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
+    let stalled = Reply::Stall {
+        body: responses::Script::new().body(),
+    };
+    let server = LoopbackServer::start([stalled]).await.unwrap();
+    let parent = Parent::new().await;
+    let cancel = Cancellation::new();
+    let run = parent
+        .start(provider(parent.codex(&server)), "Take your time.", |r| {
+            StartRequest {
+                cancel: cancel.clone(),
+                ..r
+            }
+        })
+        .await
+        .unwrap();
+    requests_reach(&server, 1).await;
+    cancel.cancel(AbortCause::Parent);
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    run.dispose().await.unwrap();
+    server.stalls_released(1).await;
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_time_option_is_refused_before_a_process_starts() {
+    let server = LoopbackServer::start([]).await.unwrap();
+    let parent = Parent::new().await;
+    let error = parent
+        .start(provider(parent.codex(&server)), "A task.", |r| {
+            StartRequest {
+                output_schema: Some(serde_json::json!({ "type": "object" })),
+                ..r
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnsupportedCapability, "{error}");
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+    assert!(server.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_job_is_started_peeked_awaited_and_killed() {
+    let server = LoopbackServer::start([responses::text("Job done.")])
+        .await
+        .unwrap();
+    let parent = Parent::new().await;
+    let runtime = &parent.host.subagents;
+    runtime
+        .register_provider(provider(parent.codex(&server)))
+        .unwrap();
+    let owner = parent.agent.id();
+    let request = |task: &str| StartRequest::new(parent.agent.clone(), task);
+
+    let first = runtime
+        .start_job("codex", request("A quick job."))
+        .await
+        .unwrap();
+    let outcome = runtime.job_output(owner, first, true).await.unwrap();
+    assert_eq!(
+        outcome,
+        Some(JobOutcome::Completed {
+            output: "Job done.".into()
+        })
+    );
+
+    server.push(Reply::Stall {
+        body: responses::Script::new().body(),
+    });
+    let second = runtime
+        .start_job("codex", request("A slow job."))
+        .await
+        .unwrap();
+    requests_reach(&server, 2).await;
+    assert_eq!(
+        runtime.job_output(owner, second, false).await.unwrap(),
+        None
+    );
+    assert!(runtime.has_running_jobs(owner));
+    assert_eq!(
+        runtime.kill_job(owner, second).await.unwrap(),
+        JobOutcome::Killed
+    );
+    assert!(!runtime.has_running_jobs(owner));
+    server.stalls_released(1).await;
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+}

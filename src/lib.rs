@@ -10,7 +10,9 @@
 //!   Responses, Anthropic Messages) and a router. Off by default: it brings an HTTP client and
 //!   TLS, which a host with its own models does not need;
 //! - `acp` (feature `acp`): the Agent Client Protocol: a host served as an ACP agent, and a
-//!   provider whose children are any ACP agent's processes.
+//!   provider whose children are any ACP agent's processes;
+//! - `products` (feature `products`): Codex and Claude Code as one-shot children, each run a
+//!   process of the product's own.
 //!
 //! Each example below is the short form of a program in `examples/` that CI runs (`cargo run
 //! --release --example NAME`).
@@ -269,5 +271,7 @@ pub use lineage_agent as agent;
 pub use lineage_log as log;
 #[cfg(feature = "models")]
 pub use lineage_models as models;
+#[cfg(feature = "products")]
+pub use lineage_products as products;
 pub use lineage_store as store;
 pub use lineage_subagent as subagent;

@@ -40,7 +40,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 
 /// Reads frames from a peer's output, one line each, blank lines skipped.
 ///
-/// In strict mode a line that is not JSON is an error, and is kept in [`FrameReader::malformed`]:
+/// In strict mode a line that is not JSON is an error, and is kept in the reader's [`Malformed`]:
 /// a child that writes anything but frames to its stdout is broken, and is treated so at once
 /// rather than waited on for an answer that will not come.
 pub struct FrameReader<R> {

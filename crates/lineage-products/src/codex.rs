@@ -287,7 +287,11 @@ impl Connection {
             let frame = self.link.next().await?;
             self.handle(frame, turn).await;
         }
-        Self::lock(&self.turn_id).take();
+        if turn.completed.is_some() {
+            // Nothing left to interrupt; a run failed by a request it could not answer keeps
+            // the id, so that disposal interrupts the turn Codex is still in.
+            Self::lock(&self.turn_id).take();
+        }
         Ok(())
     }
 }

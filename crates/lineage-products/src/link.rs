@@ -24,7 +24,7 @@ pub struct ProcessConfig {
     /// installation, see `scripts/install-products`), found on `PATH` when it has no directory
     /// part.
     pub program: PathBuf,
-    /// Arguments before the ones the provider adds (such as `-c key=value` for Codex).
+    /// Arguments before the ones the provider adds.
     pub args: Vec<OsString>,
     /// Its working directory; by default the delegating agent's (its session's `cwd`). Either
     /// must be absolute and a directory.

@@ -30,16 +30,30 @@ pub struct Parent {
 
 impl Parent {
     pub async fn new() -> Parent {
+        Parent::with_model(ScriptedModel::new(Vec::new())).await
+    }
+
+    /// A parent whose agents ask `model`.
+    pub async fn with_model(model: Arc<ScriptedModel>) -> Parent {
         let dir = tempfile::tempdir().unwrap();
         for sub in ["work", "home", "tmp", "codex-home", "claude-config"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
         let store = Store::open(dir.path().join("parent.lineage")).unwrap();
-        let host = Host::new(store, ScriptedModel::new(Vec::new())).unwrap();
-        let mut create = CreateAgent::fresh(AgentSpec::default());
-        create.header.cwd = Some(dir.path().join("work").to_str().unwrap().into());
-        let agent = host.agents.create(create).await.unwrap();
+        let host = Host::new(store, model).unwrap();
+        let agent = Parent::create(&host, dir.path(), AgentSpec::default()).await;
         Parent { dir, host, agent }
+    }
+
+    /// Another root agent of the host, working in [`Parent::work`] too.
+    pub async fn agent_with(&self, spec: AgentSpec) -> Arc<Agent> {
+        Parent::create(&self.host, self.dir.path(), spec).await
+    }
+
+    async fn create(host: &Host, dir: &Path, spec: AgentSpec) -> Arc<Agent> {
+        let mut create = CreateAgent::fresh(spec);
+        create.header.cwd = Some(dir.join("work").to_str().unwrap().into());
+        host.agents.create(create).await.unwrap()
     }
 
     /// The delegating agent's working directory, where the products run.

@@ -21,7 +21,7 @@ use lineage_subagent::{
 use tokio::sync::oneshot;
 
 use lineage_process::{
-    AgentProcess, DEFAULT_PASSTHROUGH, Launch, Malformed, StderrTail, child_env,
+    AgentProcess, DEFAULT_PASSTHROUGH, Launch, Malformed, StderrTail, child_env, failure_report,
 };
 
 use crate::wire;
@@ -222,25 +222,14 @@ struct Evidence {
 /// A failure at `stage`, for people: what went wrong, the exit status, a malformed frame if
 /// one came, and the stderr tail; at most [`lineage_subagent::MAX_DIAGNOSTIC_BYTES`].
 fn diagnostic(name: &str, stage: Stage, what: &str, evidence: &Evidence) -> String {
-    let mut text = headline(name, stage, what);
-    match evidence.status {
-        Some(status) => text.push_str(&format!("; the process exited ({status})")),
-        None => text.push_str("; the process was still running"),
-    }
-    if let Some(frame) = evidence
-        .malformed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-    {
-        text.push_str(&format!("; it wrote a line that is not a frame: {frame:?}"));
-    }
-    let stderr = evidence.stderr.text();
-    if !stderr.is_empty() {
-        text.push_str("\nstderr (last lines):\n");
-        text.push_str(&stderr);
-    }
-    bound_diagnostic(&text)
+    let headline = headline(name, stage, what);
+    let report = failure_report(
+        &headline,
+        evidence.status,
+        &evidence.malformed,
+        &evidence.stderr,
+    );
+    bound_diagnostic(&report)
 }
 
 /// The first words of a failure's diagnostic.

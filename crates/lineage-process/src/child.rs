@@ -230,6 +230,30 @@ impl AgentProcess {
     }
 }
 
+/// A child's failure for people: `headline`, then what the process can tell: its exit status
+/// (or that it still runs), the first line it wrote that was not a frame, its stderr's tail.
+pub fn failure_report(
+    headline: &str,
+    status: Option<ExitStatus>,
+    malformed: &crate::Malformed,
+    stderr: &StderrTail,
+) -> String {
+    let mut text = headline.to_owned();
+    match status {
+        Some(status) => text.push_str(&format!("; the process exited ({status})")),
+        None => text.push_str("; the process was still running"),
+    }
+    if let Some(line) = malformed.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        text.push_str(&format!("; it wrote a line that is not a frame: {line:?}"));
+    }
+    let stderr = stderr.text();
+    if !stderr.is_empty() {
+        text.push_str("\nstderr (last lines):\n");
+        text.push_str(&stderr);
+    }
+    text
+}
+
 /// Where the dispose ladder stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ladder {

@@ -15,6 +15,6 @@ mod frames;
 
 pub use child::{
     AgentProcess, DEFAULT_PASSTHROUGH, Ladder, Launch, STDERR_TAIL_BYTES, StderrTail, child_env,
-    credential_shaped, group_alive,
+    credential_shaped, failure_report, group_alive,
 };
 pub use frames::{FrameReader, MAX_FRAME_BYTES, Malformed, SharedWriter, write_frame};

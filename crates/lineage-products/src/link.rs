@@ -4,13 +4,12 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lineage_process::{
     AgentProcess, DEFAULT_PASSTHROUGH, FrameReader, Ladder, Launch, Malformed, SharedWriter,
-    StderrTail, child_env, write_frame,
+    StderrTail, child_env, failure_report, write_frame,
 };
 use lineage_subagent::{ErrorCode, SubagentError, bound_diagnostic};
 use serde_json::Value;
@@ -162,26 +161,14 @@ impl Link {
     /// A failure at `stage` for people: what went wrong, then what the process can tell (its
     /// exit status, a line that was not a frame, its stderr's tail), bounded.
     pub(crate) async fn diagnostic(&self, stage: Stage, what: &str) -> String {
-        let status: Option<ExitStatus> = self.process.lock().await.wait_exit(EXIT_WAIT).await;
-        let mut text = headline(&self.who, stage, what);
-        match status {
-            Some(status) => text.push_str(&format!("; the process exited ({status})")),
-            None => text.push_str("; the process was still running"),
-        }
-        if let Some(line) = self
-            .malformed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            text.push_str(&format!("; it wrote a line that is not a frame: {line:?}"));
-        }
-        let stderr = self.stderr.text();
-        if !stderr.is_empty() {
-            text.push_str("\nstderr (last lines):\n");
-            text.push_str(&stderr);
-        }
-        bound_diagnostic(&text)
+        let status = self.process.lock().await.wait_exit(EXIT_WAIT).await;
+        let headline = headline(&self.who, stage, what);
+        bound_diagnostic(&failure_report(
+            &headline,
+            status,
+            &self.malformed,
+            &self.stderr,
+        ))
     }
 
     /// A start that failed before its run was published: the diagnostic, then the group killed

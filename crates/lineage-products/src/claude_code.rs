@@ -2,15 +2,15 @@
 //! stream-json in and out (one JSON object a line).
 
 use std::ffi::OsString;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
 use lineage_subagent::{
-    Capabilities, ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
-    SubagentRun, bound_diagnostic, child_working_directory,
+    Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    bound_diagnostic, child_working_directory,
 };
 use serde_json::{Value, json};
 
@@ -353,22 +353,11 @@ async fn start(
             }
         }
     };
-    let timeout = config.process.handshake_timeout;
-    let handshake = tokio::select! {
-        done = tokio::time::timeout(timeout, handshake) => match done {
-            Ok(done) => done,
-            Err(_) => Err(format!("no answer within {timeout:?}")),
-        },
-        cause = cancel.cancelled() => Err(format!("cancelled ({cause:?})")),
-    };
-    if let Err(what) = handshake {
-        let error = connection.link.failed_start(Stage::Initialize, &what).await;
-        return Err(if cancel.is_cancelled() {
-            SubagentError::new(ErrorCode::Cancelled, error.message().to_owned())
-        } else {
-            error
-        });
-    }
+    let stage = Mutex::new(Stage::Initialize);
+    connection
+        .link
+        .handshake(&config.process, &cancel, &stage, handshake)
+        .await?;
     let id = SessionId::new();
     let group = connection.link.group().await;
     tracing::debug!(provider = %config.name, run = %id, ?group, "Claude Code started");

@@ -448,7 +448,7 @@ async fn start(
     });
     // Frames that arrive before the turn (warnings, status changes) are read and dropped.
     let mut before = Turn::default();
-    let mut stage = Stage::Initialize;
+    let stage = Mutex::new(Stage::Initialize);
     let handshake = async {
         let client = json!({ "name": "lineage", "version": env!("CARGO_PKG_VERSION") });
         connection
@@ -459,7 +459,7 @@ async fn start(
             .send(&json!({ "method": "initialized" }))
             .await
             .map_err(|e| format!("cannot send initialized: {e}"))?;
-        stage = Stage::ThreadStart;
+        *Connection::lock(&stage) = Stage::ThreadStart;
         let mut params = json!({
             "cwd": cwd,
             "ephemeral": true,
@@ -476,28 +476,11 @@ async fn start(
             .map(str::to_owned)
             .ok_or_else(|| format!("thread/start answered without a thread id: {started}"))
     };
-    let timeout = config.process.handshake_timeout;
-    let handshake = tokio::select! {
-        done = tokio::time::timeout(timeout, handshake) => match done {
-            Ok(done) => done,
-            Err(_) => Err(format!("no answer within {timeout:?}")),
-        },
-        cause = cancel.cancelled() => Err(format!("cancelled ({cause:?})")),
-    };
-    match handshake {
-        Ok(thread) => *Connection::lock(&connection.thread_id) = Some(thread),
-        Err(what) => {
-            let error = connection.link.failed_start(stage, &what).await;
-            return Err(if cancel.is_cancelled() {
-                SubagentError::new(
-                    lineage_subagent::ErrorCode::Cancelled,
-                    error.message().to_owned(),
-                )
-            } else {
-                error
-            });
-        }
-    }
+    let thread = connection
+        .link
+        .handshake(&config.process, &cancel, &stage, handshake)
+        .await?;
+    *Connection::lock(&connection.thread_id) = Some(thread);
     let id = SessionId::new();
     let group = connection.link.group().await;
     tracing::debug!(provider = %config.name, run = %id, ?group, "Codex started");

@@ -4,8 +4,10 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use lineage_agent::Cancellation;
 
 use lineage_process::{
     AgentProcess, DEFAULT_PASSTHROUGH, FrameReader, Ladder, Launch, Malformed, SharedWriter,
@@ -171,12 +173,34 @@ impl Link {
         ))
     }
 
-    /// A start that failed before its run was published: the diagnostic, then the group killed
-    /// and reaped.
-    pub(crate) async fn failed_start(&self, stage: Stage, what: &str) -> SubagentError {
-        let text = self.diagnostic(stage, what).await;
+    /// A start's handshake: `work` within [`ProcessConfig::handshake_timeout`], stopped by
+    /// `cancel`. When it fails, the diagnostic names the stage `stage` holds then, and the group
+    /// is killed and reaped before the error (`Cancelled` after a cancel) is returned.
+    pub(crate) async fn handshake<T>(
+        &self,
+        config: &ProcessConfig,
+        cancel: &Cancellation,
+        stage: &Mutex<Stage>,
+        work: impl Future<Output = Result<T, String>>,
+    ) -> Result<T, SubagentError> {
+        let timeout = config.handshake_timeout;
+        let done = tokio::select! {
+            done = tokio::time::timeout(timeout, work) => done
+                .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}"))),
+            cause = cancel.cancelled() => Err(format!("cancelled ({cause:?})")),
+        };
+        let what = match done {
+            Ok(done) => return Ok(done),
+            Err(what) => what,
+        };
+        let stage = *stage.lock().unwrap_or_else(|p| p.into_inner());
+        let text = self.diagnostic(stage, &what).await;
         self.process.lock().await.kill().await;
-        failure(&text)
+        Err(if cancel.is_cancelled() {
+            SubagentError::new(ErrorCode::Cancelled, bound_diagnostic(&text))
+        } else {
+            failure(&text)
+        })
     }
 
     /// The teardown ladder (see [`AgentProcess::shut_down`]).

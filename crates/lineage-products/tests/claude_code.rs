@@ -216,3 +216,25 @@ async fn a_start_time_option_is_refused_before_a_process_starts() {
     assert_eq!(parent.survivors(), Vec::<u32>::new());
     assert!(server.requests().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_names_its_stage_and_what_the_process_told() {
+    let server = LoopbackServer::start([]).await.unwrap();
+    let parent = Parent::new().await;
+    let mut config = parent.claude(&server);
+    config.process.program = "/bin/sh".into();
+    config.process.args = vec!["-c".into(), "echo 'no such flag' >&2; exit 2".into()];
+    let error = parent
+        .start(provider(config), "A task.", |r| r)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AgentFailure);
+    let message = error.message();
+    assert!(
+        message.starts_with("Claude Code (claude) failed at stage initialize"),
+        "{message}"
+    );
+    assert!(message.contains("exit status: 2"), "{message}");
+    assert!(message.contains("no such flag"), "{message}");
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+}

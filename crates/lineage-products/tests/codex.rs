@@ -242,3 +242,39 @@ async fn a_background_job_is_started_peeked_awaited_and_killed() {
     server.stalls_released(1).await;
     assert_eq!(parent.survivors(), Vec::<u32>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_names_its_stage_and_what_the_process_told() {
+    let server = LoopbackServer::start([]).await.unwrap();
+    let parent = Parent::new().await;
+    let mut config = parent.codex(&server);
+    config.process.program = "/bin/sh".into();
+    config.process.args = vec![
+        "-c".into(),
+        "echo starting up; echo oops >&2; exit 3".into(),
+    ];
+    let error = parent
+        .start(provider(config), "A task.", |r| r)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AgentFailure);
+    let message = error.message();
+    assert!(
+        message.starts_with("Codex (codex) failed at stage initialize"),
+        "{message}"
+    );
+    assert!(message.contains("exit status: 3"), "{message}");
+    assert!(message.contains("\"starting up\""), "{message}");
+    assert!(message.contains("oops"), "{message}");
+
+    let mut config = parent.codex(&server);
+    config.name = "missing".into();
+    config.process.program = "/nonexistent/codex".into();
+    let error = parent
+        .start(provider(config), "A task.", |r| r)
+        .await
+        .unwrap_err();
+    assert!(error.message().contains("stage spawn"), "{error}");
+    assert!(error.message().contains("/nonexistent/codex"), "{error}");
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+}

@@ -148,7 +148,8 @@ unbounded_connection_retries = false
         claude
     }
 
-    /// Registers `provider` (once per name) and starts a one-shot run of `task` through it.
+    /// Registers `provider` (the first one of its name stays registered) and starts a one-shot
+    /// run of `task` through it.
     pub async fn start(
         &self,
         provider: Arc<dyn Provider>,

@@ -112,12 +112,17 @@ struct Job {
     owner: SessionId,
     cancel: Cancellation,
     done: watch::Receiver<Option<JobOutcome>>,
+    /// Its owner was disposed of: nobody can ask for it any more, so it is forgotten once it
+    /// has ended (until then a drain still waits for it).
+    orphaned: bool,
 }
+
+type JobTable = Mutex<HashMap<JobId, Job>>;
 
 /// The jobs of one runtime.
 #[derive(Default)]
 pub(crate) struct Jobs {
-    inner: Arc<Mutex<HashMap<JobId, Job>>>,
+    inner: Arc<JobTable>,
     next: AtomicU64,
     /// Set once the watcher of owners' disposals runs (started with the first job, inside the
     /// runtime that job runs on).
@@ -144,14 +149,22 @@ impl Jobs {
                 owner: owner.id(),
                 cancel,
                 done,
+                orphaned: false,
             },
         );
         let owner = Arc::downgrade(owner);
+        let table = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let outcome = JobOutcome::settle(run).await;
             let told = outcome.describe(id);
             // Kept before the owner is told, so a reader woken by the message finds it.
             done_tx.send_replace(Some(outcome));
+            if let Some(table) = table.upgrade() {
+                let mut table = lock(&table);
+                if table.get(&id).is_some_and(|job| job.orphaned) {
+                    table.remove(&id);
+                }
+            }
             if let Some(owner) = owner.upgrade() {
                 let source = MessageSource::Plugin {
                     name: "jobs".into(),
@@ -165,18 +178,25 @@ impl Jobs {
         id
     }
 
-    /// Kills the jobs of owners disposed of, for as long as the runtime lives.
+    /// Kills the jobs of owners disposed of, and forgets them once they have ended, for as long
+    /// as the runtime lives.
     fn watch_owners(&self, agents: &Agents) {
         self.watching.get_or_init(|| {
             let mut events = agents.subscribe();
-            let jobs: Weak<Mutex<HashMap<JobId, Job>>> = Arc::downgrade(&self.inner);
+            let jobs: Weak<JobTable> = Arc::downgrade(&self.inner);
             tokio::spawn(async move {
                 while let Some(event) = events.recv().await {
                     let Some(jobs) = jobs.upgrade() else { break };
                     if let lineage_agent::RegistryEvent::Disposed { agent, .. } = event {
-                        for job in lock(&jobs).values().filter(|j| j.owner == agent) {
+                        lock(&jobs).retain(|_, job| {
+                            if job.owner != agent {
+                                return true;
+                            }
                             job.cancel.cancel(AbortCause::Parent);
-                        }
+                            job.orphaned = true;
+                            // One still running is removed by its own task when it ends.
+                            job.done.borrow().is_none()
+                        });
                     }
                 }
             });

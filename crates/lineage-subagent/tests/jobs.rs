@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lineage_agent::{Agent, Gate, INVALID_ARGUMENTS, Response, Tool};
 use lineage_log::MessageSource;
 use lineage_subagent::tools::{JobKillTool, JobOutputTool, SubagentTool, SubagentToolConfig};
-use lineage_subagent::{JobId, JobOutcome};
+use lineage_subagent::{ErrorCode, JobId, JobOutcome};
 use lineage_testkit::subagent::*;
 use serde_json::json;
 
@@ -187,13 +187,16 @@ async fn jobs_end_with_their_owner_and_at_a_drain() {
             request
         })
     };
-    // Disposed owner: its job is killed.
+    // Disposed owner: its job is killed, then forgotten (nobody can ask for it any more).
     let owner = h.parent().await;
     let job = within(start(&owner)).await.unwrap();
     let owner_id = owner.id();
     within(owner.dispose()).await;
     let outcome = within(h.runtime.job_output(owner_id, job, true)).await;
     assert_eq!(outcome.unwrap(), Some(JobOutcome::Killed));
+    let forgotten = h.runtime.job_output(owner_id, job, false).await;
+    assert_eq!(refusal(forgotten).code(), ErrorCode::InvalidRequest);
+    assert!(!h.runtime.has_running_jobs(owner_id));
 
     // A drain kills what is left.
     let other = h.parent().await;

@@ -205,7 +205,7 @@ async fn a_prompt_streams_its_answer_is_stored_and_exits_zero() {
         .collect();
     for tool in [
         "subagent",
-        "fork",
+        "subagent_fork",
         "send_message",
         "interrupt_agent",
         "list_agents",

@@ -2,7 +2,7 @@
 //!
 //! One root agent, answered by the model `--model` (or `LINEAGE_MODEL`) names through
 //! lineage-models' router, with the delegation tools (`subagent` spawns a continuable child,
-//! `fork` a continuable child that sees the conversation, `send_message`, `interrupt_agent`,
+//! `subagent_fork` a continuable child that sees the conversation, `send_message`, `interrupt_agent`,
 //! `list_agents`) and two read-only file tools confined to the working directory
 //! ([`files`]). Children use the same router and model as the root, and get the root's tools.
 //!
@@ -30,8 +30,7 @@ use std::sync::Arc;
 use lineage_agent::{Agent, AgentEvent, AgentOptions, AgentSpec, CreateAgent};
 use lineage_log::{EventBody, Message, MessageSource, StreamChunk, TurnEndReason};
 use lineage_models::{ModelChoice, Models};
-use lineage_subagent::tools::{BackgroundMode, SubagentToolConfig};
-use lineage_subagent::{ForkProvider, SpawnProvider};
+use lineage_subagent::tools::SubagentToolConfig;
 use tokio::sync::mpsc;
 
 use crate::cli::ChatArgs;
@@ -175,19 +174,10 @@ async fn converse(
     }
 }
 
-/// The root's spec: delegation (continuable `subagent` and `fork`, and the controls) and the
-/// file tools, on the chosen endpoint and model, its steps gated by the brake.
+/// The root's spec: delegation (continuable `subagent` and `subagent_fork`, and the controls)
+/// and the file tools, on the chosen endpoint and model, its steps gated by the brake.
 fn root_spec(host: &Host, choice: &ModelChoice, cwd: Root, brake: &Arc<Brake>) -> AgentSpec {
-    let spawn = SubagentToolConfig {
-        background: BackgroundMode::Continuable,
-        ..SubagentToolConfig::new(SpawnProvider::NAME)
-    };
-    let fork = SubagentToolConfig {
-        tool_name: "fork".into(),
-        background: BackgroundMode::Continuable,
-        ..SubagentToolConfig::new(ForkProvider::NAME)
-    };
-    let mut tools = host.delegation_tools(vec![spawn, fork]);
+    let mut tools = host.delegation_tools(SubagentToolConfig::in_process_rows());
     tools.push(ReadFileTool::new(cwd.clone()));
     tools.push(ListDirTool::new(cwd));
     AgentSpec {

@@ -4,8 +4,9 @@
 //! writer processes ([`TurnStream`]), proptest strategies for random valid logs
 //! and batch partitions, random events of every variant, short event and turn constructors for
 //! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), helper processes a
-//! test binary re-runs itself as, to crash or to run beside ([`process`]), and the external
-//! agent products, installed on first use ([`products`]). These depend on
+//! test binary re-runs itself as, to crash or to run beside ([`process`]), the external
+//! agent products, installed on first use ([`products`]), and a private PostgreSQL server
+//! ([`postgres`]). These depend on
 //! `lineage-log` and the standard library only.
 //!
 //! Feature `agent` adds the agent harness (module `agent`: a store, a scripted model, a registry, tools
@@ -30,6 +31,7 @@ mod build;
 pub mod ev;
 #[cfg(feature = "loopback")]
 pub mod loopback;
+pub mod postgres;
 pub mod process;
 pub mod products;
 mod random;

@@ -1,0 +1,379 @@
+//! A private PostgreSQL server for tests that need a real one.
+//!
+//! [`postgres`] starts one server per test process on first use: `initdb` into a fresh directory
+//! under the system's temporary directory, then `postgres` listening on a free port of 127.0.0.1
+//! only (its Unix socket in the data directory), trusting local connections of its one role,
+//! `lineage`. The tests of a binary share it; each takes a database of its own with
+//! [`Postgres::create_database`].
+//!
+//! The server runs under a small supervisor whose stdin is a pipe from the test process: when
+//! the test process ends, however it ends (a SIGKILL included), the pipe closes, and the
+//! supervisor stops the server and removes its directory. PostgreSQL refuses to run as root, so
+//! under root the server and its files belong to `nobody`.
+//!
+//! The binaries are found in `$LINEAGE_PG_BIN`, else the newest `/usr/lib/postgresql/*/bin`
+//! (Debian's `postgresql` package), else on `PATH`. When there are none, `scripts/install-postgres`
+//! installs the package (as root or with sudo, as on CI's machines); a machine where that fails
+//! fails the test that asked, saying what to install: a test that needs the server never passes
+//! by skipping.
+
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The role every database belongs to.
+pub const ROLE: &str = "lineage";
+
+/// How long a start waits for the server to accept connections. It bounds a broken start, never
+/// a healthy one (which takes about a second).
+const READY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How many free ports a start tries before it gives up (another process may take the port
+/// between the probe and the server's bind).
+const PORT_TRIES: usize = 5;
+
+/// The running server of this test process.
+#[derive(Debug)]
+pub struct Postgres {
+    bin: PathBuf,
+    port: u16,
+    dir: PathBuf,
+    /// The supervisor's stdin: this process's end of the pipe whose closing stops the server.
+    _lifeline: Mutex<ChildStdin>,
+    _supervisor: Mutex<Child>,
+}
+
+/// The server of this test process, started on first use.
+///
+/// # Panics
+///
+/// When no PostgreSQL server binaries are found, or the server does not start: the test that
+/// asked fails with what went wrong.
+pub fn postgres() -> &'static Postgres {
+    static SERVER: OnceLock<Postgres> = OnceLock::new();
+    SERVER.get_or_init(|| Postgres::start().unwrap_or_else(|error| panic!("{error}")))
+}
+
+impl Postgres {
+    /// Starts a server; `Err` says why it could not.
+    pub fn start() -> Result<Postgres, String> {
+        let bin = match bin_dir() {
+            Ok(bin) => bin,
+            Err(_) => {
+                install()?;
+                bin_dir()?
+            }
+        };
+        let dir = fresh_dir()?;
+        let data = dir.join("data");
+        let account = Account::for_server()?;
+        account.own(&dir)?;
+        let initdb = account
+            .run_as(initdb_command(&bin, &data))
+            .output()
+            .map_err(|e| format!("cannot run initdb: {e}"))?;
+        succeeded("initdb", &initdb)?;
+        let mut last = String::new();
+        for _ in 0..PORT_TRIES {
+            let port = free_port()?;
+            match Postgres::launch(&bin, &dir, port, &account) {
+                Ok(server) => return Ok(server),
+                Err(error) => last = error,
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Err(last)
+    }
+
+    /// Starts the supervised server on `port` and waits until it accepts connections.
+    fn launch(bin: &Path, dir: &Path, port: u16, account: &Account) -> Result<Postgres, String> {
+        // The supervisor: the server in the background, then a wait for the end of stdin (the
+        // test process is gone, or dropped us), then a fast shutdown and the directory removed.
+        // The directory's removal is left to the next start when the server fails early.
+        const SUPERVISOR: &str = r#"
+"$1/postgres" -D "$2/data" -p "$3" -c listen_addresses=127.0.0.1 -c unix_socket_directories="$2/data" >"$2/server.log" 2>&1 &
+server=$!
+cat >/dev/null
+kill -INT "$server" 2>/dev/null
+wait "$server"
+rm -rf "$2"
+"#;
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", SUPERVISOR, "lineage-postgres"])
+            .arg(bin)
+            .arg(dir)
+            .arg(port.to_string());
+        let mut supervisor = account
+            .run_as(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the PostgreSQL supervisor: {e}"))?;
+        let lifeline = supervisor
+            .stdin
+            .take()
+            .ok_or("the supervisor's stdin was not piped")?;
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-U", ROLE, "-p", &port.to_string()])
+                .status()
+                .map_err(|e| format!("cannot run pg_isready: {e}"))?;
+            if ready.success() {
+                break;
+            }
+            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+            if let Ok(Some(status)) = supervisor.try_wait() {
+                return Err(format!(
+                    "PostgreSQL stopped ({status}) on port {port}:\n{log}"
+                ));
+            }
+            if Instant::now() >= deadline || log.contains("could not bind") {
+                drop(lifeline);
+                let _ = supervisor.wait();
+                return Err(format!("PostgreSQL did not start on port {port}:\n{log}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Postgres {
+            bin: bin.to_path_buf(),
+            port,
+            dir: dir.to_path_buf(),
+            _lifeline: Mutex::new(lifeline),
+            _supervisor: Mutex::new(supervisor),
+        })
+    }
+
+    /// The port it listens on (127.0.0.1 only).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory that holds its data and log; removed when the server stops.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The connection URL of `database`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://{ROLE}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a database no other test uses and returns its URL.
+    ///
+    /// # Panics
+    ///
+    /// When `createdb` fails.
+    pub fn create_database(&self) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!("test_{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let created = Command::new(self.bin.join("createdb"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                ROLE,
+                "-p",
+                &self.port.to_string(),
+                &name,
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run createdb: {e}"));
+        succeeded("createdb", &created).unwrap_or_else(|e| panic!("{e}"));
+        self.url(&name)
+    }
+
+    /// Runs `sql` with `psql` against the database at `url` and returns what it printed
+    /// (unaligned, tuples only).
+    ///
+    /// # Panics
+    ///
+    /// When `psql` fails (an SQL error included).
+    pub fn psql(&self, url: &str, sql: &str) -> String {
+        let output = Command::new(self.bin.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                url,
+                "-c",
+                sql,
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
+        succeeded("psql", &output).unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+}
+
+fn initdb_command(bin: &Path, data: &Path) -> Command {
+    let mut command = Command::new(bin.join("initdb"));
+    command
+        .args([
+            "-U",
+            ROLE,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(data);
+    command
+}
+
+fn succeeded(what: &str, output: &Output) -> Result<(), String> {
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    ))
+}
+
+/// Runs `scripts/install-postgres`, which installs Debian's package (as root, or with sudo).
+fn install() -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install-postgres");
+    let output = Command::new(&script)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    succeeded(&script.display().to_string(), &output)
+}
+
+/// The directory of the server binaries.
+fn bin_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("LINEAGE_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").is_file().then_some((version, bin))
+        })
+        .max();
+    if let Some((_, bin)) = newest {
+        return Ok(bin);
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .find(|dir| dir.join("postgres").is_file() && dir.join("initdb").is_file());
+    on_path.ok_or_else(|| {
+        "no PostgreSQL server binaries (postgres, initdb): install Debian's `postgresql` \
+         package, or set LINEAGE_PG_BIN to their directory"
+            .to_owned()
+    })
+}
+
+/// A new, empty directory of this process under the system's temporary directory.
+fn fresh_dir() -> Result<PathBuf, String> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::temp_dir();
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = base.join(format!("lineage-postgres-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(error) if error.kind() == ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(format!("cannot create {}: {error}", dir.display())),
+        }
+    }
+}
+
+/// A free TCP port of 127.0.0.1, as the kernel hands it out now.
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| format!("cannot find a free port: {e}"))
+}
+
+/// Whom the server runs as: this process's user, or `nobody` when that is root.
+struct Account {
+    /// `(uid, gid)` to switch to, when this process is root.
+    switch: Option<(u32, u32)>,
+}
+
+impl Account {
+    fn for_server() -> Result<Account, String> {
+        if !running_as_root() {
+            return Ok(Account { switch: None });
+        }
+        let id = |flag: &str| -> Result<u32, String> {
+            let output = Command::new("id")
+                .args([flag, "nobody"])
+                .output()
+                .map_err(|e| format!("cannot run id: {e}"))?;
+            String::from_utf8_lossy(&output.stdout)
+                .trim()
+                .parse()
+                .map_err(|_| "there is no user `nobody` to run PostgreSQL as".to_owned())
+        };
+        Ok(Account {
+            switch: Some((id("-u")?, id("-g")?)),
+        })
+    }
+
+    /// Gives `dir` to the server's user.
+    fn own(&self, dir: &Path) -> Result<(), String> {
+        match self.switch {
+            Some((uid, gid)) => std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot give {} to nobody: {e}", dir.display())),
+            None => Ok(()),
+        }
+    }
+
+    /// `command` (its program, arguments, environment and directory; not its stdio), run as the
+    /// server's user.
+    fn run_as(&self, command: Command) -> Command {
+        let Some((uid, gid)) = self.switch else {
+            return command;
+        };
+        let mut switched = Command::new("setpriv");
+        switched
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .arg("--clear-groups")
+            .arg(command.get_program())
+            .args(command.get_args());
+        for (name, value) in command.get_envs() {
+            match value {
+                Some(value) => switched.env(name, value),
+                None => switched.env_remove(name),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            switched.current_dir(dir);
+        }
+        switched
+    }
+}
+
+/// Whether this process runs as root (from `/proc`, without unsafe code).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}

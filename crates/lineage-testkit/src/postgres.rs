@@ -72,8 +72,11 @@ impl Postgres {
         let data = dir.join("data");
         let account = Account::for_server()?;
         account.own(&dir)?;
+        let mut initdb = initdb_command(&bin, &data);
+        // A directory the server's user may enter, whatever this process's is.
+        initdb.current_dir(&dir);
         let initdb = account
-            .run_as(initdb_command(&bin, &data))
+            .run_as(initdb)
             .output()
             .map_err(|e| format!("cannot run initdb: {e}"))?;
         succeeded("initdb", &initdb)?;
@@ -107,7 +110,8 @@ rm -rf "$2"
             .args(["-c", SUPERVISOR, "lineage-postgres"])
             .arg(bin)
             .arg(dir)
-            .arg(port.to_string());
+            .arg(port.to_string())
+            .current_dir(dir);
         let mut supervisor = account
             .run_as(command)
             .stdin(Stdio::piped())

@@ -239,6 +239,48 @@
 //! # }
 //! ```
 //!
+//! # Codex and Claude Code as children
+//!
+//! The four delegation tools side by side: `subagent` and `subagent_fork` in process,
+//! `subagent_codex` and `subagent_claude_code` each a product's process per run (installed by
+//! `scripts/install-products products`; no credential is inherited, so each gets its own). No
+//! program in `examples/` runs this one, as the products need an account; `lineage-products`'
+//! tests run it against the real products and the loopback server instead:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use lineage::agent::{AgentSpec, CreateAgent};
+//! use lineage::products::{ClaudeCodeConfig, ClaudeCodeProvider, CodexConfig, CodexProvider};
+//! use lineage::subagent::Host;
+//! use lineage::subagent::tools::SubagentToolConfig;
+//! # use lineage::agent::{Response, ScriptedModel};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let model = ScriptedModel::new([Response::text("ok")]);
+//! let host = Host::open("parent.lineage".as_ref(), model)?;
+//! let mut codex = CodexConfig::new("codex", "products/node_modules/.bin/codex");
+//! codex.process.env.push(("OPENAI_API_KEY".into(), "sk-...".into()));
+//! let mut claude = ClaudeCodeConfig::new("claude", "products/node_modules/.bin/claude");
+//! claude.process.env.push(("ANTHROPIC_API_KEY".into(), "sk-ant-...".into()));
+//! let (codex, claude) = (CodexProvider::new(codex), ClaudeCodeProvider::new(claude));
+//! let mut rows = SubagentToolConfig::in_process_rows(); // subagent, subagent_fork
+//! rows.push(codex.tool_row("subagent_codex"));
+//! rows.push(claude.tool_row("subagent_claude_code"));
+//! host.subagents.register_provider(Arc::new(codex))?;
+//! host.subagents.register_provider(Arc::new(claude))?;
+//! let spec = AgentSpec { tools: host.delegation_tools(rows), ..AgentSpec::new("openai", "gpt-4.1") };
+//! let mut create = CreateAgent::fresh(spec);
+//! create.header.cwd = Some("/srv/project".into()); // the products work here
+//! let lead = host.agents.create(create).await?;
+//! let outcome = host.run(&lead, "Have Codex fix the failing test, then Claude Code review it").await?;
+//! # drop(lead);
+//! host.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # The store on its own
 //!
 //! The log and the store need no runtime (`examples/quickstart.rs` writes, forks, reloads after a

@@ -18,7 +18,7 @@ use lineage_log::{
 };
 use lineage_subagent::{Host, HostError};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::wire;
@@ -85,7 +85,14 @@ where
                 let version = request.protocol_version.min(ProtocolVersion::V1);
                 responder.respond(
                     acp::InitializeResponse::new(version)
-                        .agent_capabilities(acp::AgentCapabilities::new().load_session(true))
+                        .agent_capabilities(
+                            acp::AgentCapabilities::new()
+                                .load_session(true)
+                                .session_capabilities(
+                                    acp::SessionCapabilities::new()
+                                        .close(acp::SessionCloseCapabilities::new()),
+                                ),
+                        )
                         .agent_info(acp::Implementation::new(
                             "lineage",
                             env!("CARGO_PKG_VERSION"),
@@ -143,6 +150,20 @@ where
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            {
+                let state = state.clone();
+                async move |request: acp::CloseSessionRequest,
+                            responder: Responder<acp::CloseSessionResponse>,
+                            _cx| {
+                    state.answer_later(responder, async move |state| {
+                        state.close_session(request).await
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .on_receive_notification(
             {
                 let state = state.clone();
@@ -191,6 +212,7 @@ struct State {
 struct Running<'a> {
     sessions: &'a Mutex<HashMap<SessionId, Served>>,
     id: SessionId,
+    running: Arc<watch::Sender<bool>>,
 }
 
 impl Drop for Running<'_> {
@@ -198,6 +220,7 @@ impl Drop for Running<'_> {
         if let Some(served) = lock(self.sessions).get_mut(&self.id) {
             served.stop = None;
         }
+        self.running.send_replace(false);
     }
 }
 
@@ -207,12 +230,25 @@ struct Begun {
     agent: Arc<LineageAgent>,
     text: String,
     stop: Arc<Notify>,
+    running: Arc<watch::Sender<bool>>,
 }
 
 struct Served {
     agent: Arc<LineageAgent>,
     /// Set while a prompt runs: notified by `session/cancel`.
     stop: Option<Arc<Notify>>,
+    /// Whether a prompt runs (until its turn is flushed): what `session/close` waits for.
+    running: Arc<watch::Sender<bool>>,
+}
+
+impl Served {
+    fn new(agent: Arc<LineageAgent>) -> Served {
+        Served {
+            agent,
+            stop: None,
+            running: Arc::new(watch::Sender::new(false)),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -291,7 +327,7 @@ impl State {
             .await
             .map_err(|e| internal(format!("creating a session: {e}")))?;
         let id = agent.id();
-        lock(&self.sessions).insert(id, Served { agent, stop: None });
+        lock(&self.sessions).insert(id, Served::new(agent));
         Ok(acp::NewSessionResponse::new(id.to_string()))
     }
 
@@ -316,13 +352,7 @@ impl State {
                         }
                         _ => internal(format!("loading session {id}: {e}")),
                     })?;
-                lock(&self.sessions).insert(
-                    id,
-                    Served {
-                        agent: agent.clone(),
-                        stop: None,
-                    },
-                );
+                lock(&self.sessions).insert(id, Served::new(agent.clone()));
                 agent
             }
         };
@@ -354,12 +384,48 @@ impl State {
             })));
         }
         served.stop = Some(stop.clone());
+        served.running.send_replace(true);
         Ok(Begun {
             id,
             agent: served.agent.clone(),
             text,
             stop,
+            running: served.running.clone(),
         })
+    }
+
+    /// `session/close`: the session leaves the server. A prompt still running is stopped as
+    /// `session/cancel` stops it, and waited for until its turn is flushed; then the session's resident children are
+    /// torn down and its agent is shut down (its log flushed, pending input kept for a later
+    /// `session/load`).
+    async fn close_session(
+        &self,
+        request: acp::CloseSessionRequest,
+    ) -> Result<acp::CloseSessionResponse, Error> {
+        let id = session_id(&request.session_id)?;
+        let served = lock(&self.sessions).remove(&id).ok_or_else(|| {
+            Error::from(acp::Error::session_not_found(request.session_id.clone()))
+        })?;
+        if let Some(stop) = &served.stop {
+            stop.notify_one();
+        }
+        // The sender lives in `served`, so the wait cannot fail: it ends with the prompt.
+        let _ = served
+            .running
+            .subscribe()
+            .wait_for(|running| !running)
+            .await;
+        let agent = served.agent;
+        self.host
+            .subagents
+            .drain_descendants(std::slice::from_ref(&agent))
+            .await
+            .map_err(|e| internal(format!("closing session {id}: {e}")))?;
+        agent
+            .shut_down()
+            .await
+            .map_err(|e| internal(format!("closing session {id}: {e}")))?;
+        Ok(acp::CloseSessionResponse::new())
     }
 
     async fn prompt(
@@ -373,11 +439,13 @@ impl State {
             agent,
             text,
             stop,
+            running,
         } = begun;
         // The session takes prompts again once this one is over, however it ends.
         let _running = Running {
             sessions: &self.sessions,
             id,
+            running,
         };
         let mut events = agent.subscribe();
         let forward = |event: AgentEvent| {

@@ -298,6 +298,47 @@ async fn end_of_input_cancels_the_running_prompt_flushes_and_exits_zero() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_stops_its_prompt_and_frees_it_and_a_load_brings_it_back() {
+    let dir = Dir::new();
+    let script = dir.script("hang.json", r#"[{"hang": true}, {"text": "back again"}]"#);
+    let cwd = dir.cwd();
+    let ((session, reason, after_close, answer), seen, child) =
+        with_server(&dir.store(), &script, async move |cx| {
+            let session = new_session(&cx, cwd.clone()).await?;
+            let running = cx.send_request(prompt(&session, "wait forever"));
+            // A prompt arrives before a close sent after it: the close finds it running.
+            cx.send_request(acp::CloseSessionRequest::new(session.clone()))
+                .block_task()
+                .await?;
+            let reason = running.block_task().await?.stop_reason;
+            let after_close = cx
+                .send_request(prompt(&session, "are you there?"))
+                .block_task()
+                .await
+                .map_err(|e| e.code);
+            cx.send_request(acp::LoadSessionRequest::new(session.clone(), cwd))
+                .block_task()
+                .await?;
+            let answer = cx
+                .send_request(prompt(&session, "and now?"))
+                .block_task()
+                .await?
+                .stop_reason;
+            Ok((session, reason, after_close, answer))
+        })
+        .await;
+    assert_eq!(reason, acp::StopReason::Cancelled);
+    assert!(after_close.is_err(), "a closed session takes no prompt");
+    assert_eq!(answer, acp::StopReason::EndTurn);
+    assert!(seen.iter().any(|s| s == "agent: back again"), "{seen:?}");
+    assert!(exit_of(child).await.success());
+    let store = Store::open(dir.store()).unwrap();
+    assert!(store.verify().unwrap().is_ok());
+    let log = store.load(session.0.parse().unwrap()).unwrap();
+    assert_eq!(log.closers, 0, "the close ended the hung turn itself");
+}
+
 /// The `initialize` answer, frame for frame: a protocol crate upgrade that changes what goes on
 /// the wire shows here first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +374,7 @@ async fn the_initialize_answer_on_the_wire() {
                 "loadSession": true,
                 "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
                 "mcpCapabilities": {"http": false, "sse": false},
-                "sessionCapabilities": {},
+                "sessionCapabilities": {"close": {}},
                 "auth": {}
             },
             "authMethods": [],

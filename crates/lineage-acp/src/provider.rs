@@ -13,7 +13,7 @@ use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
 use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
+use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
     Capabilities, ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
     SubagentRun, bound_diagnostic, child_working_directory,
@@ -102,7 +102,7 @@ impl AcpProviderConfig {
 ///
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and delegation depth is the agent's own
-/// business ([`MaxDepth::ProviderManaged`] in its tool row, [`AcpProvider::tool_row`]).
+/// business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`AcpProvider::tool_row`]).
 #[derive(Clone, Debug)]
 pub struct AcpProvider {
     config: Arc<AcpProviderConfig>,
@@ -119,18 +119,13 @@ impl AcpProvider {
     /// The delegation tool row for this provider: a one-shot tool named `tool_name`, the depth
     /// left to the provider, described as an outside agent.
     pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        SubagentToolConfig {
-            tool_name: tool_name.into(),
-            background: BackgroundMode::OneShot,
-            max_depth: MaxDepth::ProviderManaged,
-            description: Some(format!(
-                "Hands a self-contained task to `{}`, an agent that runs in a process of its own \
-                 and speaks the Agent Client Protocol. It cannot see this conversation, so the \
-                 prompt must say everything it needs to know. You get its final answer.",
-                self.config.name
-            )),
-            ..SubagentToolConfig::new(&self.config.name)
-        }
+        let description = format!(
+            "Hands a self-contained task to `{}`, an agent that runs in a process of its own and \
+             speaks the Agent Client Protocol. It cannot see this conversation, so the prompt \
+             must say everything it needs to know. You get its final answer.",
+            self.config.name
+        );
+        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
     }
 }
 

@@ -5,16 +5,19 @@ use std::ffi::OsString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lineage_agent::{BoxFuture, Cancellation};
+use lineage_agent::BoxFuture;
 use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
+use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
     Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
-    bound_diagnostic, child_working_directory,
+    bound_diagnostic,
 };
 use serde_json::{Value, json};
 
-use crate::link::{Link, ProcessConfig, Stage, refusal, text_of};
+use crate::link::{Delegation, Link, ProcessConfig, Stage, result, text_of};
+
+/// How diagnostics name the product.
+const PRODUCT: &str = "Claude Code";
 
 /// How Claude Code decides on a tool call that needs permission (its `--permission-mode`).
 /// Whatever it asks is answered by nobody: a delegated run is unattended, so every ask is
@@ -124,7 +127,7 @@ impl ClaudeCodeConfig {
 ///
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and how deep Claude Code delegates is its
-/// own business ([`MaxDepth::ProviderManaged`] in its tool row, [`ClaudeCodeProvider::tool_row`]).
+/// own business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`ClaudeCodeProvider::tool_row`]).
 #[derive(Clone, Debug)]
 pub struct ClaudeCodeProvider {
     config: Arc<ClaudeCodeConfig>,
@@ -141,18 +144,10 @@ impl ClaudeCodeProvider {
     /// The delegation tool row for this provider: a one-shot tool named `tool_name` (upstream's
     /// is `subagent_claude_code`), the depth left to Claude Code.
     pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        SubagentToolConfig {
-            tool_name: tool_name.into(),
-            background: BackgroundMode::OneShot,
-            max_depth: MaxDepth::ProviderManaged,
-            description: Some(
-                "Hands a self-contained coding task to Claude Code, which works in this agent's \
-                 working directory with its own tools. It cannot see this conversation, so the \
-                 prompt must say everything it needs to know. You get its final answer."
-                    .to_owned(),
-            ),
-            ..SubagentToolConfig::new(&self.config.name)
-        }
+        let description = "Hands a self-contained coding task to Claude Code, which works in \
+            this agent's working directory with its own tools. It cannot see this conversation, \
+            so the prompt must say everything it needs to know. You get its final answer.";
+        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
     }
 }
 
@@ -174,13 +169,8 @@ impl Provider for ClaudeCodeProvider {
         request: ResolvedStart,
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let config = self.config.clone();
-        let who = format!("Claude Code ({})", config.name);
-        // Read now: the parent as it was when the delegation was asked for.
-        let cwd = child_working_directory(config.process.cwd.as_deref(), &request.request.parent)
-            .map_err(|message| refusal(&who, message));
-        let prompt = request.request.prompt;
-        let cancel = request.request.cancel;
-        Box::pin(async move { start(config, who, cwd?, prompt, cancel).await })
+        let delegation = Delegation::read(PRODUCT, &config.name, &config.process, request);
+        Box::pin(start(config, delegation))
     }
 }
 
@@ -241,15 +231,7 @@ impl Connection {
     }
 
     /// The run: the task as a user message, then frames until the `result` line.
-    async fn run(&self, prompt: Vec<ContentBlock>) -> Result<Value, String> {
-        let text: String = prompt
-            .iter()
-            .filter_map(|block| match block {
-                ContentBlock::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n\n");
+    async fn run(&self, text: String) -> Result<Value, String> {
         let message = json!({
             "type": "user",
             "message": { "role": "user", "content": text },
@@ -278,24 +260,19 @@ impl Connection {
 const DENIED: &str = "Denied: this run is unattended and nobody can grant permission.";
 
 /// A `result` line as a run's result.
-fn outcome(who: &str, result: &Value) -> SubagentResult {
-    let subtype = result["subtype"].as_str().unwrap_or("(none)");
-    let is_error = result["is_error"].as_bool().unwrap_or(true);
-    let text = result["result"].as_str().unwrap_or_default();
+fn outcome(who: &str, line: &Value) -> SubagentResult {
+    let subtype = line["subtype"].as_str().unwrap_or("(none)");
+    let is_error = line["is_error"].as_bool().unwrap_or(true);
+    let text = line["result"].as_str().unwrap_or_default();
     let output = if text.trim().is_empty() {
         Vec::new()
     } else {
         vec![ContentBlock::text(text)]
     };
     if subtype == "success" && !is_error && !output.is_empty() {
-        return SubagentResult {
-            output,
-            structured: None,
-            diagnostic: None,
-            stop_reason: StopReason::Completed,
-        };
+        return result(output, StopReason::Completed, None);
     }
-    let terminal = result["terminal_reason"].as_str().unwrap_or("(none)");
+    let terminal = line["terminal_reason"].as_str().unwrap_or("(none)");
     let stop_reason = match (subtype, terminal) {
         ("error_max_turns" | "error_max_budget_usd", _) => StopReason::Budget,
         (_, "prompt_too_long") => StopReason::MaxTokens,
@@ -306,7 +283,7 @@ fn outcome(who: &str, result: &Value) -> SubagentResult {
     } else if !text.trim().is_empty() {
         text.to_owned()
     } else {
-        match result["errors"].as_array() {
+        match line["errors"].as_array() {
             Some(errors) if !errors.is_empty() => {
                 errors.iter().map(text_of).collect::<Vec<_>>().join("; ")
             }
@@ -314,23 +291,22 @@ fn outcome(who: &str, result: &Value) -> SubagentResult {
         }
     };
     let diagnostic = format!("{who} ended {subtype} ({terminal}): {what}");
-    SubagentResult {
-        // A failure's text is its diagnostic, not an answer.
-        output: Vec::new(),
-        structured: None,
-        diagnostic: Some(bound_diagnostic(&diagnostic)),
-        stop_reason,
-    }
+    // A failure's text is its diagnostic, not an answer.
+    result(Vec::new(), stop_reason, Some(bound_diagnostic(&diagnostic)))
 }
 
 /// The whole start: spawn, the `initialize` control request answered, then the run published.
 async fn start(
     config: Arc<ClaudeCodeConfig>,
-    who: String,
-    cwd: std::path::PathBuf,
-    prompt: Vec<ContentBlock>,
-    cancel: Cancellation,
+    delegation: Delegation,
 ) -> Result<SubagentRun, SubagentError> {
+    let Delegation {
+        who,
+        cwd,
+        task,
+        cancel,
+    } = delegation;
+    let cwd = cwd?;
     let link = Link::spawn(who, &config.process, &config.arguments(), &cwd)?;
     let connection = Arc::new(Connection {
         link,
@@ -361,32 +337,22 @@ async fn start(
     let id = SessionId::new();
     let group = connection.link.group().await;
     tracing::debug!(provider = %config.name, run = %id, ?group, "Claude Code started");
-    let result = {
+    let run = {
         let connection = connection.clone();
         async move {
             let ran = tokio::select! {
-                ran = connection.run(prompt) => ran,
+                ran = connection.run(task) => ran,
                 _ = cancel.cancelled() => {
                     connection.interrupt().await;
-                    return Ok(SubagentResult {
-                        output: Vec::new(),
-                        structured: None,
-                        diagnostic: None,
-                        stop_reason: StopReason::Aborted,
-                    });
+                    return Ok(result(Vec::new(), StopReason::Aborted, None));
                 }
             };
             Ok(match ran {
-                Ok(result) => outcome(connection.link.who(), &result),
+                Ok(line) => outcome(connection.link.who(), &line),
                 Err(what) => {
                     connection.interrupt().await;
                     let text = connection.link.diagnostic(Stage::Turn, &what).await;
-                    SubagentResult {
-                        output: Vec::new(),
-                        structured: None,
-                        diagnostic: Some(text),
-                        stop_reason: StopReason::Error,
-                    }
+                    result(Vec::new(), StopReason::Error, Some(text))
                 }
             })
         }
@@ -399,7 +365,7 @@ async fn start(
             Ok(())
         })
     };
-    Ok(SubagentRun::new(id, None, result, dispose))
+    Ok(SubagentRun::new(id, None, run, dispose))
 }
 
 #[cfg(test)]

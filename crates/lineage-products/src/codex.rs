@@ -5,16 +5,19 @@ use std::ffi::OsString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lineage_agent::{BoxFuture, Cancellation};
+use lineage_agent::BoxFuture;
 use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::{BackgroundMode, MaxDepth, SubagentToolConfig};
+use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
     Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
-    bound_diagnostic, child_working_directory,
+    bound_diagnostic,
 };
 use serde_json::{Value, json};
 
-use crate::link::{Link, ProcessConfig, Stage, refusal, text_of};
+use crate::link::{Delegation, Link, ProcessConfig, Stage, result, text_of};
+
+/// How diagnostics name the product.
+const PRODUCT: &str = "Codex";
 
 /// When Codex may run a command without asking (its `approvalPolicy`). Whatever it asks is
 /// answered by nobody: a delegated run is unattended, so every approval is declined.
@@ -110,7 +113,7 @@ impl CodexConfig {
 ///
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and how deep Codex delegates is its own
-/// business ([`MaxDepth::ProviderManaged`] in its tool row, [`CodexProvider::tool_row`]).
+/// business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`CodexProvider::tool_row`]).
 #[derive(Clone, Debug)]
 pub struct CodexProvider {
     config: Arc<CodexConfig>,
@@ -127,18 +130,10 @@ impl CodexProvider {
     /// The delegation tool row for this provider: a one-shot tool named `tool_name` (upstream's
     /// is `subagent_codex`), the depth left to Codex.
     pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        SubagentToolConfig {
-            tool_name: tool_name.into(),
-            background: BackgroundMode::OneShot,
-            max_depth: MaxDepth::ProviderManaged,
-            description: Some(
-                "Hands a self-contained coding task to Codex, which works in this agent's \
-                 working directory with its own tools. It cannot see this conversation, so the \
-                 prompt must say everything it needs to know. You get its final answer."
-                    .to_owned(),
-            ),
-            ..SubagentToolConfig::new(&self.config.name)
-        }
+        let description = "Hands a self-contained coding task to Codex, which works in this \
+            agent's working directory with its own tools. It cannot see this conversation, so the \
+            prompt must say everything it needs to know. You get its final answer.";
+        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
     }
 }
 
@@ -160,13 +155,8 @@ impl Provider for CodexProvider {
         request: ResolvedStart,
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let config = self.config.clone();
-        let who = format!("Codex ({})", config.name);
-        // Read now: the parent as it was when the delegation was asked for.
-        let cwd = child_working_directory(config.process.cwd.as_deref(), &request.request.parent)
-            .map_err(|message| refusal(&who, message));
-        let prompt = request.request.prompt;
-        let cancel = request.request.cancel;
-        Box::pin(async move { start(config, who, cwd?, prompt, cancel).await })
+        let delegation = Delegation::read(PRODUCT, &config.name, &config.process, request);
+        Box::pin(start(config, delegation))
     }
 }
 
@@ -266,15 +256,7 @@ impl Connection {
     }
 
     /// The run: `turn/start` with the task, then frames until `turn/completed`.
-    async fn run(&self, prompt: Vec<ContentBlock>, turn: &mut Turn) -> Result<(), String> {
-        let text: String = prompt
-            .iter()
-            .filter_map(|block| match block {
-                ContentBlock::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n\n");
+    async fn run(&self, text: String, turn: &mut Turn) -> Result<(), String> {
         let thread = Self::lock(&self.thread_id).clone().unwrap_or_default();
         let params = json!({
             "threadId": thread,
@@ -378,12 +360,7 @@ impl Turn {
                 Some(format!("{who} did not finish its turn")),
             ),
         };
-        SubagentResult {
-            output,
-            structured: None,
-            diagnostic,
-            stop_reason,
-        }
+        result(output, stop_reason, diagnostic)
     }
 }
 
@@ -434,11 +411,15 @@ fn unattended_answer(method: &str) -> Option<Value> {
 /// The whole start: spawn, `initialize`, `initialized`, `thread/start`, then the run published.
 async fn start(
     config: Arc<CodexConfig>,
-    who: String,
-    cwd: std::path::PathBuf,
-    prompt: Vec<ContentBlock>,
-    cancel: Cancellation,
+    delegation: Delegation,
 ) -> Result<SubagentRun, SubagentError> {
+    let Delegation {
+        who,
+        cwd,
+        task,
+        cancel,
+    } = delegation;
+    let cwd = cwd?;
     let link = Link::spawn(who, &config.process, &[OsString::from("app-server")], &cwd)?;
     let connection = Arc::new(Connection {
         link,
@@ -484,32 +465,22 @@ async fn start(
     let id = SessionId::new();
     let group = connection.link.group().await;
     tracing::debug!(provider = %config.name, run = %id, ?group, "Codex started");
-    let result = {
+    let run = {
         let connection = connection.clone();
         async move {
             let mut turn = Turn::default();
             let ran = tokio::select! {
-                ran = connection.run(prompt, &mut turn) => ran,
+                ran = connection.run(task, &mut turn) => ran,
                 _ = cancel.cancelled() => {
                     connection.interrupt().await;
-                    return Ok(SubagentResult {
-                        output: turn.answer(),
-                        structured: None,
-                        diagnostic: None,
-                        stop_reason: StopReason::Aborted,
-                    });
+                    return Ok(result(turn.answer(), StopReason::Aborted, None));
                 }
             };
             Ok(match ran {
                 Ok(()) => turn.result(connection.link.who()),
                 Err(what) => {
                     let text = connection.link.diagnostic(Stage::Turn, &what).await;
-                    SubagentResult {
-                        output: turn.answer(),
-                        structured: None,
-                        diagnostic: Some(text),
-                        stop_reason: StopReason::Error,
-                    }
+                    result(turn.answer(), StopReason::Error, Some(text))
                 }
             })
         }
@@ -522,7 +493,7 @@ async fn start(
             Ok(())
         })
     };
-    Ok(SubagentRun::new(id, None, result, dispose))
+    Ok(SubagentRun::new(id, None, run, dispose))
 }
 
 #[cfg(test)]

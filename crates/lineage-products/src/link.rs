@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use lineage_agent::Cancellation;
 
+use lineage_log::ContentBlock;
 use lineage_process::{
     AgentProcess, DEFAULT_PASSTHROUGH, FrameReader, Ladder, Launch, Malformed, SharedWriter,
     StderrTail, child_env, failure_report, write_frame,
 };
-use lineage_subagent::{ErrorCode, SubagentError, bound_diagnostic};
+use lineage_subagent::{
+    ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentResult, bound_diagnostic,
+    child_working_directory,
+};
 use serde_json::Value;
 use tokio::process::ChildStdin;
 use tokio::sync::mpsc;
@@ -218,6 +222,62 @@ impl Link {
     }
 }
 
+/// What a start reads of its request, for either product.
+pub(crate) struct Delegation {
+    /// The product's name and the provider's, for diagnostics ("Codex (codex)").
+    pub who: String,
+    /// Where the product runs, or why it cannot: refused before any process starts.
+    pub cwd: Result<PathBuf, SubagentError>,
+    /// The task: the prompt's text blocks, a blank line between two.
+    pub task: String,
+    /// The caller's cancellation, which stops the handshake and the run.
+    pub cancel: Cancellation,
+}
+
+impl Delegation {
+    /// Reads `request` now: the parent as it was when the delegation was asked for.
+    pub(crate) fn read(
+        product: &str,
+        name: &str,
+        process: &ProcessConfig,
+        request: ResolvedStart,
+    ) -> Delegation {
+        let who = format!("{product} ({name})");
+        let cwd = child_working_directory(process.cwd.as_deref(), &request.request.parent)
+            .map_err(|message| refusal(&who, message));
+        let task = request
+            .request
+            .prompt
+            .iter()
+            .filter_map(|block| match block {
+                ContentBlock::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        Delegation {
+            who,
+            cwd,
+            task,
+            cancel: request.request.cancel,
+        }
+    }
+}
+
+/// A run's result.
+pub(crate) fn result(
+    output: Vec<ContentBlock>,
+    stop_reason: StopReason,
+    diagnostic: Option<String>,
+) -> SubagentResult {
+    SubagentResult {
+        output,
+        structured: None,
+        diagnostic,
+        stop_reason,
+    }
+}
+
 /// The first words of a failure's diagnostic.
 fn headline(who: &str, stage: Stage, what: &str) -> String {
     format!("{who} failed at stage {}: {what}", stage.as_str())
@@ -228,7 +288,7 @@ fn failure(text: &str) -> SubagentError {
 }
 
 /// A refusal before anything starts, for a request the provider cannot serve.
-pub(crate) fn refusal(who: &str, message: String) -> SubagentError {
+fn refusal(who: &str, message: String) -> SubagentError {
     SubagentError::new(ErrorCode::InvalidRequest, format!("{who}: {message}"))
 }
 

@@ -6,28 +6,14 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Parent, body_has, requests_reach};
-use lineage_agent::Cancellation;
-use lineage_log::{AbortCause, ContentBlock};
+use common::{Parent, body_has};
+use lineage_log::ContentBlock;
 use lineage_products::{ClaudeCodeConfig, ClaudeCodeProvider, PermissionMode};
-use lineage_subagent::{ErrorCode, StartRequest, StopReason, SubagentResult};
+use lineage_subagent::{ErrorCode, StartRequest, StopReason};
 use lineage_testkit::loopback::{LoopbackServer, Reply, anthropic};
 
 fn provider(config: ClaudeCodeConfig) -> Arc<ClaudeCodeProvider> {
     Arc::new(ClaudeCodeProvider::new(config))
-}
-
-/// Runs `task` through `config` to its end, disposes of the run and checks no process is left.
-async fn delegate(parent: &Parent, config: ClaudeCodeConfig, task: &str) -> SubagentResult {
-    let run = parent.start(provider(config), task, |r| r).await.unwrap();
-    let result = run.result().await.unwrap();
-    run.dispose().await.unwrap();
-    assert_eq!(
-        parent.survivors(),
-        Vec::<u32>::new(),
-        "a process outlived its run"
-    );
-    result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,12 +22,10 @@ async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
         .await
         .unwrap();
     let parent = Parent::new().await;
-    let result = delegate(
-        &parent,
-        parent.claude(&server),
-        "Name the capital of France.",
-    )
-    .await;
+    let task = "Name the capital of France.";
+    let result = parent
+        .delegate(provider(parent.claude(&server)), task)
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -75,7 +59,9 @@ async fn claude_code_reads_a_file_itself_then_answers() {
     ])
     .await
     .unwrap();
-    let result = delegate(&parent, parent.claude(&server), "What does notes.txt say?").await;
+    let result = parent
+        .delegate(provider(parent.claude(&server)), "What does notes.txt say?")
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -107,7 +93,9 @@ async fn a_permission_request_is_denied_unattended_and_claude_code_goes_on() {
     let parent = Parent::new().await;
     let mut config = parent.claude(&server);
     config.permission_mode = PermissionMode::Ask;
-    let result = delegate(&parent, config, "Create denied.txt.").await;
+    let result = parent
+        .delegate(provider(config), "Create denied.txt.")
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -135,7 +123,9 @@ async fn an_endpoint_failure_is_an_error_with_its_category_and_message() {
     .await
     .unwrap();
     let parent = Parent::new().await;
-    let result = delegate(&parent, parent.claude(&server), "A task.").await;
+    let result = parent
+        .delegate(provider(parent.claude(&server)), "A task.")
+        .await;
     assert_eq!(result.stop_reason, StopReason::Error);
     assert!(
         result.output.is_empty(),
@@ -157,7 +147,9 @@ async fn the_turn_limit_ends_a_run_as_a_budget() {
         .unwrap();
     let mut config = parent.claude(&server);
     config.max_turns = Some(1);
-    let result = delegate(&parent, config, "Read notes.txt, then think more.").await;
+    let result = parent
+        .delegate(provider(config), "Read notes.txt, then think more.")
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::Budget,
@@ -180,23 +172,8 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
     };
     let server = LoopbackServer::start([stalled]).await.unwrap();
     let parent = Parent::new().await;
-    let cancel = Cancellation::new();
-    let run = parent
-        .start(provider(parent.claude(&server)), "Take your time.", |r| {
-            StartRequest {
-                cancel: cancel.clone(),
-                ..r
-            }
-        })
-        .await
-        .unwrap();
-    requests_reach(&server, 1).await;
-    cancel.cancel(AbortCause::Parent);
-    let result = run.result().await.unwrap();
-    assert_eq!(result.stop_reason, StopReason::Aborted);
-    run.dispose().await.unwrap();
-    server.stalls_released(1).await;
-    assert_eq!(parent.survivors(), Vec::<u32>::new());
+    let provider = provider(parent.claude(&server));
+    parent.cancel_mid_turn(provider, &server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

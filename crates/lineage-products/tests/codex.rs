@@ -7,27 +7,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{Parent, body_has, requests_reach};
-use lineage_agent::Cancellation;
-use lineage_log::{AbortCause, ContentBlock};
+use lineage_log::ContentBlock;
 use lineage_products::{ApprovalPolicy, CodexConfig, CodexProvider, SandboxMode};
-use lineage_subagent::{ErrorCode, JobOutcome, StartRequest, StopReason, SubagentResult};
+use lineage_subagent::{ErrorCode, JobOutcome, StartRequest, StopReason};
 use lineage_testkit::loopback::{LoopbackServer, Reply, responses};
 
 fn provider(config: CodexConfig) -> Arc<CodexProvider> {
     Arc::new(CodexProvider::new(config))
-}
-
-/// Runs `task` through `config` to its end, disposes of the run and checks no process is left.
-async fn delegate(parent: &Parent, config: CodexConfig, task: &str) -> SubagentResult {
-    let run = parent.start(provider(config), task, |r| r).await.unwrap();
-    let result = run.result().await.unwrap();
-    run.dispose().await.unwrap();
-    assert_eq!(
-        parent.survivors(),
-        Vec::<u32>::new(),
-        "a process outlived its run"
-    );
-    result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,12 +22,8 @@ async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
         .await
         .unwrap();
     let parent = Parent::new().await;
-    let result = delegate(
-        &parent,
-        parent.codex(&server),
-        "Name the capital of France.",
-    )
-    .await;
+    let task = "Name the capital of France.";
+    let result = parent.delegate(provider(parent.codex(&server)), task).await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -70,7 +52,7 @@ async fn codex_runs_a_command_itself_then_answers() {
     let parent = Parent::new().await;
     let mut config = parent.codex(&server);
     config.sandbox = SandboxMode::DangerFullAccess;
-    let result = delegate(&parent, config, "Write proof.txt.").await;
+    let result = parent.delegate(provider(config), "Write proof.txt.").await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -105,7 +87,9 @@ async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
     let mut config = parent.codex(&server);
     config.approval_policy = ApprovalPolicy::Untrusted;
     config.sandbox = SandboxMode::ReadOnly;
-    let result = delegate(&parent, config, "Touch declined.txt.").await;
+    let result = parent
+        .delegate(provider(config), "Touch declined.txt.")
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::Completed,
@@ -134,7 +118,9 @@ async fn codex_failures_keep_their_category() {
     .await
     .unwrap();
     let parent = Parent::new().await;
-    let result = delegate(&parent, parent.codex(&server), "A long task.").await;
+    let result = parent
+        .delegate(provider(parent.codex(&server)), "A long task.")
+        .await;
     assert_eq!(
         result.stop_reason,
         StopReason::MaxTokens,
@@ -143,7 +129,9 @@ async fn codex_failures_keep_their_category() {
     );
     let diagnostic = result.diagnostic.unwrap();
     assert!(diagnostic.contains("contextWindowExceeded"), "{diagnostic}");
-    let result = delegate(&parent, parent.codex(&server), "Another task.").await;
+    let result = parent
+        .delegate(provider(parent.codex(&server)), "Another task.")
+        .await;
     assert_eq!(result.stop_reason, StopReason::Error);
     let diagnostic = result.diagnostic.unwrap();
     assert!(
@@ -159,23 +147,8 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
     };
     let server = LoopbackServer::start([stalled]).await.unwrap();
     let parent = Parent::new().await;
-    let cancel = Cancellation::new();
-    let run = parent
-        .start(provider(parent.codex(&server)), "Take your time.", |r| {
-            StartRequest {
-                cancel: cancel.clone(),
-                ..r
-            }
-        })
-        .await
-        .unwrap();
-    requests_reach(&server, 1).await;
-    cancel.cancel(AbortCause::Parent);
-    let result = run.result().await.unwrap();
-    assert_eq!(result.stop_reason, StopReason::Aborted);
-    run.dispose().await.unwrap();
-    server.stalls_released(1).await;
-    assert_eq!(parent.survivors(), Vec::<u32>::new());
+    let provider = provider(parent.codex(&server));
+    parent.cancel_mid_turn(provider, &server).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

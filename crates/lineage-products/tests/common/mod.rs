@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lineage_agent::{Agent, AgentSpec, CreateAgent, ScriptedModel};
+use lineage_agent::{Agent, AgentSpec, Cancellation, CreateAgent, ScriptedModel};
+use lineage_log::AbortCause;
 use lineage_products::{ClaudeCodeConfig, CodexConfig, ProcessConfig};
 use lineage_store::Store;
-use lineage_subagent::{Host, Provider, StartRequest, SubagentError, SubagentRun};
+use lineage_subagent::{
+    Host, Provider, StartRequest, StopReason, SubagentError, SubagentResult, SubagentRun,
+};
 use lineage_testkit::loopback::{LoopbackServer, Recorded};
 use lineage_testkit::products::{processes_with_env, products};
 use tempfile::TempDir;
@@ -160,6 +163,41 @@ unbounded_connection_retries = false
         let _ = self.host.subagents.register_provider(provider);
         let request = request(StartRequest::new(self.agent.clone(), task));
         self.host.subagents.start(&name, request).await
+    }
+
+    /// Runs `task` through `provider` to its end, disposes of the run and checks that no process
+    /// of it is left.
+    pub async fn delegate(&self, provider: Arc<dyn Provider>, task: &str) -> SubagentResult {
+        let run = self.start(provider, task, |r| r).await.unwrap();
+        let result = run.result().await.unwrap();
+        run.dispose().await.unwrap();
+        assert_eq!(
+            self.survivors(),
+            Vec::<u32>::new(),
+            "a process outlived its run"
+        );
+        result
+    }
+
+    /// Starts a run through `provider` whose model request `server` holds unanswered, cancels
+    /// it once the request arrived, and checks that it settles `aborted`, drops the request and,
+    /// once disposed of, leaves no process.
+    pub async fn cancel_mid_turn(&self, provider: Arc<dyn Provider>, server: &LoopbackServer) {
+        let cancel = Cancellation::new();
+        let run = self
+            .start(provider, "Take your time.", |r| StartRequest {
+                cancel: cancel.clone(),
+                ..r
+            })
+            .await
+            .unwrap();
+        requests_reach(server, 1).await;
+        cancel.cancel(AbortCause::Parent);
+        let result = run.result().await.unwrap();
+        assert_eq!(result.stop_reason, StopReason::Aborted);
+        run.dispose().await.unwrap();
+        server.stalls_released(1).await;
+        assert_eq!(self.survivors(), Vec::<u32>::new());
     }
 
     /// The live processes any run of this test started.

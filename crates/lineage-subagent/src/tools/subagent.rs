@@ -81,6 +81,23 @@ impl SubagentToolConfig {
         }
     }
 
+    /// The row of an out-of-process provider's agent: a one-shot tool named `tool_name`
+    /// delegating to `provider`, its depth left to the provider ([`MaxDepth::ProviderManaged`]),
+    /// described to the model as `description`.
+    pub fn out_of_process(
+        provider: impl Into<String>,
+        tool_name: impl Into<String>,
+        description: impl Into<String>,
+    ) -> Self {
+        SubagentToolConfig {
+            tool_name: tool_name.into(),
+            background: BackgroundMode::OneShot,
+            max_depth: MaxDepth::ProviderManaged,
+            description: Some(description.into()),
+            ..SubagentToolConfig::new(provider)
+        }
+    }
+
     /// The in-process rows a host usually offers: `subagent`, a fresh continuable child
     /// (`spawn`), and `subagent_fork`, a continuable child that sees the conversation (`fork`).
     /// An out-of-process provider brings its own row.

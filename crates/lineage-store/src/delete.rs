@@ -13,9 +13,9 @@
 use std::collections::HashSet;
 
 use lineage_log::SessionId;
-use redb::{ReadableTable, Table, WriteTransaction};
 
-use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
+use crate::engine::Removal;
+use crate::error::EngineError;
 use crate::owners::Owners;
 use crate::store::Store;
 use crate::{Result, StoreError};
@@ -114,14 +114,11 @@ impl Store {
 /// descendants, an owned session) is decided before anything is removed and is the inner error;
 /// a failure of the storage engine is the outer one and aborts the whole transaction.
 pub(crate) fn delete_in(
-    txn: &WriteTransaction,
+    txn: &mut dyn Removal,
     job: &DeleteJob,
-) -> std::result::Result<Result<Deleted>, redb::Error> {
-    let mut sessions = txn.open_table(SESSIONS)?;
-    let mut events = txn.open_table(EVENTS)?;
-    let mut children = txn.open_table(CHILDREN)?;
+) -> std::result::Result<Result<Deleted>, EngineError> {
     let session = job.session;
-    if sessions.get(session.as_u128())?.is_none() {
+    if !txn.is_stored(session)? {
         return Ok(Err(StoreError::UnknownSession { session }));
     }
     // The subtree, breadth first, each session once (a damaged index could hold a cycle); only
@@ -130,16 +127,8 @@ pub(crate) fn delete_in(
     let mut seen: HashSet<SessionId> = order.iter().copied().collect();
     let mut next = 0;
     while next < order.len() {
-        let id = order[next].as_u128();
-        let mut found = Vec::new();
-        for entry in children.range((id, 0)..=(id, u128::MAX))? {
-            let child = SessionId::from_u128(entry?.0.value().1);
-            if !seen.contains(&child) && sessions.get(child.as_u128())?.is_some() {
-                found.push(child);
-            }
-        }
-        for child in found {
-            if seen.insert(child) {
+        for child in txn.children(order[next])? {
+            if !seen.contains(&child) && txn.is_stored(child)? && seen.insert(child) {
                 order.push(child);
             }
         }
@@ -159,55 +148,10 @@ pub(crate) fn delete_in(
         ..Deleted::default()
     };
     for &gone in &order {
-        remove_session(
-            gone,
-            &mut sessions,
-            &mut events,
-            &mut children,
-            &mut deleted,
-        )?;
+        let removed = txn.remove(gone)?;
+        deleted.blocks += removed.blocks;
+        deleted.events += removed.events;
+        deleted.bytes += removed.bytes;
     }
     Ok(Ok(deleted))
-}
-
-/// Removes one session's row, blocks and index entries, counting what its blocks held.
-fn remove_session(
-    session: SessionId,
-    sessions: &mut Table<u128, &[u8]>,
-    events: &mut Table<(u128, u64), &[u8]>,
-    children: &mut Table<(u128, u128), ()>,
-    deleted: &mut Deleted,
-) -> std::result::Result<(), redb::Error> {
-    let id = session.as_u128();
-    // The parent's index entry: the row names the parent; a row that does not decode could name
-    // any, so then every entry listing this session as a child is looked for.
-    let parent = match sessions.remove(id)? {
-        Some(row) => SessionRecord::decode(session, row.value())
-            .ok()
-            .map(|r| r.header.parent),
-        None => Some(None),
-    };
-    match parent {
-        Some(Some(parent)) => {
-            children.remove((parent.as_u128(), id))?;
-        }
-        Some(None) => {}
-        None => children.retain(|(_, child), ()| child != id)?,
-    }
-    children.retain_in((id, 0)..=(id, u128::MAX), |_, ()| false)?;
-    let (mut blocks, mut records, mut bytes) = (0u64, 0u64, 0u64);
-    events.retain_in(session_blocks(session), |_, value| {
-        blocks += 1;
-        bytes += value.len() as u64;
-        // A damaged block header counts no events; the block is removed all the same.
-        records += value
-            .get(..4)
-            .and_then(|b| <[u8; 4]>::try_from(b).ok())
-            .map_or(0, |b| u64::from(u32::from_le_bytes(b)));
-        false
-    })?;
-    deleted.blocks += blocks;
-    deleted.events += records;
-    deleted.bytes += bytes;
-    Ok(())
 }

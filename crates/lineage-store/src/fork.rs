@@ -5,8 +5,7 @@ use lineage_log::{
     child_header, decode_record, origin_of, resolve_fork_boundary, setup_events,
 };
 
-use crate::error::Engine;
-use crate::layout::{Block, EVENTS, session_blocks};
+use crate::layout::Block;
 use crate::read::read_record;
 use crate::store::Store;
 use crate::writer::{PendingBlock, Tail};
@@ -62,11 +61,11 @@ impl Store {
                 .filter(|tail| !tail.row_written && tail.next_seq == 0)
                 .map(|tail| tail.header.clone())
         };
-        let txn = self.begin_read()?;
+        let view = self.view()?;
         let (parent_header, len) = match unwritten.clone() {
             Some(header) => (header, 0),
             None => {
-                let record = read_record(&txn, parent)?;
+                let record = read_record(&*view, parent)?;
                 (record.header, record.next_seq)
             }
         };
@@ -86,14 +85,12 @@ impl Store {
         let mut marker: Option<TurnMarker> = None;
         let mut last_turn = 0;
         if let Some(last) = last {
-            let table = txn.open_table(EVENTS).engine()?;
-            for entry in table.range(session_blocks(parent)).engine()? {
-                let (key, value) = entry.engine()?;
-                let first_seq = key.value().1;
+            for block in view.blocks(parent, 0)? {
+                let (first_seq, value) = block?;
                 if first_seq > last {
                     break;
                 }
-                let block = Block::parse(parent, first_seq, value.value())?;
+                let block = Block::parse(parent, first_seq, &value)?;
                 let block_last = block.last_seq(first_seq);
                 let mut end = 0usize;
                 for item in Records::new(block.records, first_seq) {
@@ -146,7 +143,7 @@ impl Store {
                 });
             }
         }
-        drop(txn);
+        drop(view);
         let seed_len = resolve_fork_boundary(len, spec.boundary, |_| marker)
             .map_err(|e| StoreError::from_log(parent, e))?;
         let lineage = SessionLineage {
@@ -206,7 +203,7 @@ impl Store {
             },
         );
         let ticket = queue.enqueue(&mut state, child, blocks);
-        queue.wait_durable(state, ticket)?;
+        queue.wait_durable(state, Some(child), ticket)?;
         Ok(header)
     }
 }

@@ -12,6 +12,7 @@
 
 mod create;
 mod delete;
+mod engine;
 mod error;
 mod fork;
 mod layout;
@@ -19,6 +20,7 @@ mod meta;
 mod owners;
 mod read;
 mod recovery;
+mod redb_engine;
 mod scan;
 mod store;
 mod verify;

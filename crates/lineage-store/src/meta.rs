@@ -2,8 +2,7 @@
 
 use lineage_log::{EventBody, EventKind, Records, SessionId, SessionMeta, decode_record};
 
-use crate::error::Engine;
-use crate::layout::{Block, EVENTS};
+use crate::layout::Block;
 use crate::read::read_record;
 use crate::store::{Store, guard};
 use crate::{Result, StoreError};
@@ -18,21 +17,14 @@ impl Store {
     /// replay. A malformed metadata event is skipped, as the fold does.
     pub fn session_meta(&self, session: SessionId) -> Result<SessionMeta> {
         guard(|| {
-            let txn = self.begin_read()?;
-            let record = read_record(&txn, session)?;
+            let view = self.view()?;
+            let record = read_record(&*view, session)?;
             let seed_len = record.header.seed_len;
-            let table = txn.open_table(EVENTS).engine()?;
-            let id = session.as_u128();
-            // The block holding `seed_len` is the last one starting at or before it.
-            let start = match table.range((id, 0)..=(id, seed_len)).engine()?.next_back() {
-                Some(entry) => entry.engine()?.0.value().1,
-                None => 0,
-            };
+            let start = view.block_start(session, seed_len)?;
             let mut meta = SessionMeta::default();
-            for entry in table.range((id, start)..=(id, u64::MAX)).engine()? {
-                let (key, value) = entry.engine()?;
-                let first_seq = key.value().1;
-                let block = Block::parse(session, first_seq, value.value())?;
+            for block in view.blocks(session, start)? {
+                let (first_seq, value) = block?;
+                let block = Block::parse(session, first_seq, &value)?;
                 for item in Records::new(block.records, first_seq) {
                     let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
                     if seq < seed_len || raw.kind() != Some(EventKind::Custom) {

@@ -1,10 +1,9 @@
 //! Reading sessions back: one range scan over a session's blocks.
 
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
-use redb::ReadTransaction;
 
-use crate::error::Engine;
-use crate::layout::{Block, EVENTS, SESSIONS, SessionRecord, session_blocks};
+use crate::engine::View;
+use crate::layout::{Block, SessionRecord};
 use crate::{Result, StoreError};
 
 /// A session as stored: its row, every event, and the digest and structure after the last one.
@@ -15,12 +14,11 @@ pub(crate) struct StoredLog {
     pub structure: Structure,
 }
 
-pub(crate) fn read_record(txn: &ReadTransaction, session: SessionId) -> Result<SessionRecord> {
-    let sessions = txn.open_table(SESSIONS).engine()?;
-    let Some(bytes) = sessions.get(session.as_u128()).engine()? else {
+pub(crate) fn read_record(view: &dyn View, session: SessionId) -> Result<SessionRecord> {
+    let Some(bytes) = view.row(session)? else {
         return Err(StoreError::UnknownSession { session });
     };
-    let record = SessionRecord::decode(session, bytes.value())?;
+    let record = SessionRecord::decode(session, &bytes)?;
     lineage_log::check_format_version(record.header.format_version)
         .map_err(|e| StoreError::from_log(session, e))?;
     Ok(record)
@@ -32,19 +30,14 @@ pub(crate) fn read_record(txn: &ReadTransaction, session: SessionId) -> Result<S
 /// digest before any of them is decoded, so damage is reported as the block's seq range. Intact
 /// digests prove the records are the ones the writer checked when it admitted them, so only the
 /// open tail turn is replayed to recover the structure; `verify` re-checks every rule.
-pub(crate) fn read_log(txn: &ReadTransaction, session: SessionId) -> Result<StoredLog> {
-    let record = read_record(txn, session)?;
-    let table = txn.open_table(EVENTS).engine()?;
-    // The guards keep each block's bytes in place while they are hashed and decoded.
-    let mut guards = Vec::new();
-    for entry in table.range(session_blocks(session)).engine()? {
-        let (key, value) = entry.engine()?;
-        guards.push((key.value().1, value));
-    }
+pub(crate) fn read_log(view: &dyn View, session: SessionId) -> Result<StoredLog> {
+    let record = read_record(view, session)?;
+    // The values keep each block's bytes in place while they are hashed and decoded.
+    let guards = view.blocks(session, 0)?.collect::<Result<Vec<_>>>()?;
     let mut blocks = Vec::with_capacity(guards.len());
     let mut expected = 0u64;
     for (first_seq, guard) in &guards {
-        let block = Block::parse(session, *first_seq, guard.value())?;
+        let block = Block::parse(session, *first_seq, guard)?;
         if *first_seq != expected {
             return Err(StoreError::CorruptBlock {
                 session,
@@ -208,26 +201,16 @@ fn decode_into(session: SessionId, blocks: &[(u64, Block<'_>)], slots: &mut [Eve
 
 /// The stored events with `seq >= from`, found with one reverse lookup and a forward scan. Blocks
 /// are decoded but, without the prefix, their digests cannot be checked: `verify` and `load` do.
-pub(crate) fn read_from(
-    txn: &ReadTransaction,
-    session: SessionId,
-    from: u64,
-) -> Result<Vec<Event>> {
-    let record = read_record(txn, session)?;
+pub(crate) fn read_from(view: &dyn View, session: SessionId, from: u64) -> Result<Vec<Event>> {
+    let record = read_record(view, session)?;
     if from >= record.next_seq {
         return Ok(Vec::new());
     }
-    let table = txn.open_table(EVENTS).engine()?;
-    let id = session.as_u128();
-    let start = match table.range((id, 0)..=(id, from)).engine()?.next_back() {
-        Some(entry) => entry.engine()?.0.value().1,
-        None => 0,
-    };
+    let start = view.block_start(session, from)?;
     let mut events = Vec::with_capacity((record.next_seq - from).min(1 << 20) as usize);
-    for entry in table.range((id, start)..=(id, u64::MAX)).engine()? {
-        let (key, value) = entry.engine()?;
-        let first_seq = key.value().1;
-        let block = Block::parse(session, first_seq, value.value())?;
+    for block in view.blocks(session, start)? {
+        let (first_seq, value) = block?;
+        let block = Block::parse(session, first_seq, &value)?;
         for item in Records::new(block.records, first_seq) {
             let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
             if seq >= from {

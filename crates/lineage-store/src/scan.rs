@@ -6,19 +6,15 @@
 //! [`Store::scan_unchecked`] reads like [`Store::read_from`]: from the block holding a seq, with no
 //! digest checks (they need the log from seq 0).
 
+use crate::engine::Blocks;
+use crate::layout::Block;
+use crate::read::read_record;
+use crate::store::guard;
+use crate::{Result, SessionInfo, Store, StoreError};
 use lineage_log::{
     Chain, Event, EventBody, LogError, Records, SessionId, Structure, decode_record,
     interrupted_turn_closers,
 };
-use redb::{OwnedRange, ReadOnlyTable, ReadTransaction};
-
-use crate::error::Engine;
-use crate::layout::{Block, EVENTS, session_blocks};
-use crate::read::read_record;
-use crate::store::guard;
-use crate::{Result, SessionInfo, Store, StoreError};
-
-type EventsTable = ReadOnlyTable<(u128, u64), &'static [u8]>;
 
 /// A session's events, read block by block inside one read transaction: an iterator of
 /// `Result<Event>` that ends after the first error.
@@ -32,10 +28,7 @@ type EventsTable = ReadOnlyTable<(u128, u64), &'static [u8]>;
 /// replay of an open tail turn) is checked when the last event has been yielded, before the
 /// iterator ends: only a scan that ended without an error has [`Scan::closers`].
 pub struct Scan {
-    // Declared before the transaction so the range's page references go first.
-    blocks: OwnedRange<(u128, u64), &'static [u8]>,
-    _table: EventsTable,
-    _txn: ReadTransaction,
+    blocks: Blocks,
     session: SessionId,
     info: SessionInfo,
     from: u64,
@@ -98,20 +91,14 @@ impl Store {
     }
 
     fn start_scan(&self, session: SessionId, from: u64, checked: bool) -> Result<Scan> {
-        let txn = self.begin_read()?;
-        let record = read_record(&txn, session)?;
-        let table = txn.open_table(EVENTS).engine()?;
-        let id = session.as_u128();
-        let blocks = if checked {
-            table.range_owned(session_blocks(session)).engine()?
+        let view = self.view()?;
+        let record = read_record(&*view, session)?;
+        let start = if checked {
+            0
         } else {
-            // The block holding `from` is the last one starting at or before it.
-            let start = match table.range((id, 0)..=(id, from)).engine()?.next_back() {
-                Some(entry) => entry.engine()?.0.value().1,
-                None => 0,
-            };
-            table.range_owned((id, start)..=(id, u64::MAX)).engine()?
+            view.block_start(session, from)?
         };
+        let blocks = view.blocks(session, start)?;
         let info = SessionInfo {
             len: record.next_seq,
             head: record.head,
@@ -122,8 +109,6 @@ impl Store {
         let done = !checked && from >= info.len;
         Ok(Scan {
             blocks,
-            _table: table,
-            _txn: txn,
             session,
             info,
             from,
@@ -165,9 +150,8 @@ impl Scan {
             }
             return Ok(false);
         };
-        let (key, value) = entry.engine()?;
-        let first_seq = key.value().1;
-        let block = Block::parse(session, first_seq, value.value())?;
+        let (first_seq, value) = entry?;
+        let block = Block::parse(session, first_seq, &value)?;
         let last_seq = block.last_seq(first_seq);
         if let Some(check) = &mut self.check {
             if first_seq != check.expected {

@@ -13,21 +13,20 @@ use lineage_log::{
     Digest, Encoder, Event, EventBody, EventKind, Header, LogError, SessionId, Structure,
     check_append, check_append_before_descriptor_contract, check_seed, interrupted_turn_closers,
 };
-use redb::{
-    ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable,
-    ReadableTableMetadata, StorageBackend,
-};
+use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, StorageBackend};
 use uuid::Uuid;
 
 use crate::create;
+use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
-    SessionRecord, session_blocks,
+    SessionRecord,
 };
 use crate::owners::Owners;
 use crate::read::{read_from, read_log, read_record};
 use crate::recovery::Reader;
+use crate::redb_engine::RedbEngine;
 use crate::writer::{self, PendingBlock, Queue, Tail};
 use crate::{Result, StoreError};
 
@@ -128,11 +127,6 @@ pub struct KindStats {
     pub bytes: u64,
 }
 
-pub(crate) enum Db {
-    Write(Arc<Writable>),
-    Read(Reader),
-}
-
 /// Opens the writable database, the first time or again.
 pub(crate) type Opener = Box<dyn Fn() -> Result<Database> + Send + Sync>;
 
@@ -172,7 +166,7 @@ impl Writable {
 
     /// Drops the current handle, containing a panic the engine raises while closing a damaged
     /// file. Returns the panic's message, if any.
-    fn release(&self) -> Option<String> {
+    pub fn release(&self) -> Option<String> {
         let old = self
             .current
             .write()
@@ -238,7 +232,7 @@ pub(crate) fn open_backend(backend: impl StorageBackend, cache_bytes: usize) -> 
 }
 
 pub(crate) struct Inner {
-    pub db: Db,
+    pub engine: Arc<dyn StorageEngine>,
     pub path: Option<PathBuf>,
     pub store_id: Uuid,
     pub queue: Arc<Queue>,
@@ -273,11 +267,7 @@ impl Drop for Inner {
             );
         }
         drop(state);
-        if let Db::Write(db) = &self.db
-            && let Some(panic) = db.release()
-        {
-            tracing::error!(path = ?self.path, %panic, "the storage engine panicked closing the store file");
-        }
+        self.engine.release();
     }
 }
 
@@ -443,7 +433,7 @@ impl Store {
             drop(txn);
             Ok(Store {
                 inner: Arc::new(Inner {
-                    db: Db::Read(db),
+                    engine: Arc::new(RedbEngine::Read(db)),
                     path: Some(path.to_owned()),
                     store_id,
                     queue: Arc::new(Queue::without_writer()),
@@ -467,22 +457,32 @@ impl Store {
             Some(id) => id,
             None => initialize(&db, &shown)?,
         };
-        let db = Arc::new(Writable {
+        let engine = Arc::new(RedbEngine::Write(Writable {
             current: RwLock::new(Some(Arc::new(db))),
             opener: reopenable.then_some(opener),
             reopen_failure: Mutex::new(None),
-        });
+        }));
+        Self::start_writer(engine, path, store_id, options)
+    }
+
+    /// A writable store over `engine`, with its writer thread.
+    pub(crate) fn start_writer(
+        engine: Arc<dyn StorageEngine>,
+        path: Option<PathBuf>,
+        store_id: Uuid,
+        options: StoreOptions,
+    ) -> Result<Store> {
         let queue = Arc::new(Queue::new());
         let handle = {
-            let (db, queue, options) = (db.clone(), queue.clone(), options.clone());
+            let (engine, queue, options) = (engine.clone(), queue.clone(), options.clone());
             std::thread::Builder::new()
                 .name("lineage-store-writer".into())
-                .spawn(move || writer::run(db, queue, options))
+                .spawn(move || writer::run(engine, queue, options))
                 .map_err(|e| StoreError::Storage(EngineError::io(e)))?
         };
         Ok(Store {
             inner: Arc::new(Inner {
-                db: Db::Write(db),
+                engine,
                 path,
                 store_id,
                 queue,
@@ -505,7 +505,7 @@ impl Store {
 
     /// Whether the store was opened read-only.
     pub fn is_read_only(&self) -> bool {
-        matches!(self.inner.db, Db::Read(_))
+        self.inner.engine.read_only()
     }
 
     /// Whether the file awaits recovery by its next writer: its last writer stopped without
@@ -513,23 +513,19 @@ impl Store {
     /// writable one recovered the file when it opened it); it then reads the file as the stopped
     /// writer left it, every commit included, without modifying it.
     pub fn awaits_recovery(&self) -> bool {
-        match &self.inner.db {
-            Db::Write(_) => false,
-            Db::Read(reader) => reader.awaits_recovery(),
-        }
+        self.inner.engine.awaits_recovery()
     }
 
-    pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
-        Ok(match &self.inner.db {
-            Db::Write(db) => db.get()?.begin_read().engine()?,
-            Db::Read(db) => db.begin_read()?,
-        })
+    /// A consistent read view of the latest commit.
+    pub(crate) fn view(&self) -> Result<Box<dyn View>> {
+        self.inner.engine.view()
     }
 
     pub(crate) fn writable(&self) -> Result<()> {
-        match self.inner.db {
-            Db::Write(_) => Ok(()),
-            Db::Read(_) => Err(StoreError::ReadOnly),
+        if self.is_read_only() {
+            Err(StoreError::ReadOnly)
+        } else {
+            Ok(())
         }
     }
 
@@ -574,7 +570,7 @@ impl Store {
         if self.inner.queue.lock().tails.contains_key(&session) {
             return Err(StoreError::SessionExists { session });
         }
-        match guard(|| read_record(&self.begin_read()?, session)) {
+        match guard(|| read_record(&*self.view()?, session)) {
             Err(StoreError::UnknownSession { .. }) => Ok(()),
             Err(e) => Err(e),
             Ok(_) => Err(StoreError::SessionExists { session }),
@@ -709,22 +705,27 @@ impl Store {
         if state.deleted.contains(&session) && !state.tails.contains_key(&session) {
             return Err(StoreError::UnknownSession { session });
         }
-        let target = state.tails.get(&session).map_or(0, |t| t.last_ticket);
-        self.inner.queue.wait_durable(state, target)
+        // A session whose tail a refused commit dropped answers with the refusal.
+        let target = match state.tails.get(&session) {
+            Some(tail) => tail.last_ticket,
+            None => state.refused.get(&session).map_or(0, |r| r.upto),
+        };
+        self.inner.queue.wait_durable(state, Some(session), target)
     }
 
     /// Waits until everything admitted to any session before this call is durable.
     pub fn flush_all(&self) -> Result<()> {
         let state = self.inner.queue.lock();
         let target = state.next_ticket;
-        self.inner.queue.wait_durable(state, target)
+        self.inner.queue.wait_durable(state, None, target)
     }
 
     /// Flushes everything and closes this handle (the writer stops when the last clone is gone).
     pub fn close(self) -> Result<()> {
-        match self.inner.db {
-            Db::Write(_) => self.flush_all(),
-            Db::Read(_) => Ok(()),
+        if self.is_read_only() {
+            Ok(())
+        } else {
+            self.flush_all()
         }
     }
 
@@ -734,7 +735,7 @@ impl Store {
             if self.inner.queue.lock().tails.contains_key(&session) {
                 return Ok(());
             }
-            let stored = read_log(&self.begin_read()?, session)?;
+            let stored = read_log(&*self.view()?, session)?;
             self.remember(session, stored.record, stored.chain, stored.structure);
             Ok(())
         })
@@ -773,7 +774,7 @@ impl Store {
             self.writable()?;
             self.check_owned_load(session)?;
             self.flush(session)?;
-            let stored = read_log(&self.begin_read()?, session)?;
+            let stored = read_log(&*self.view()?, session)?;
             let closers = interrupted_turn_closers(&stored.events);
             let header = stored.record.header.clone();
             let mut events = stored.events;
@@ -795,7 +796,7 @@ impl Store {
     /// store is not touched. Works on read-only stores.
     pub fn inspect(&self, session: SessionId) -> Result<Loaded> {
         guard(|| {
-            let stored = read_log(&self.begin_read()?, session)?;
+            let stored = read_log(&*self.view()?, session)?;
             let closers = interrupted_turn_closers(&stored.events);
             let count = closers.len();
             let mut events = stored.events;
@@ -810,13 +811,13 @@ impl Store {
 
     /// The committed events with `seq >= from` (empty when `from` is past the end). No repair.
     pub fn read_from(&self, session: SessionId, from: u64) -> Result<Vec<Event>> {
-        guard(|| read_from(&self.begin_read()?, session, from))
+        guard(|| read_from(&*self.view()?, session, from))
     }
 
     /// A stored session's header and position.
     pub fn info(&self, session: SessionId) -> Result<SessionInfo> {
         guard(|| {
-            let record = read_record(&self.begin_read()?, session)?;
+            let record = read_record(&*self.view()?, session)?;
             Ok(info_of(record))
         })
     }
@@ -825,12 +826,9 @@ impl Store {
     /// One range scan over the session's blocks, without decoding them.
     pub fn session_bytes(&self, session: SessionId) -> Result<u64> {
         guard(|| {
-            let txn = self.begin_read()?;
-            let table = txn.open_table(EVENTS).engine()?;
             let mut bytes = 0u64;
-            for entry in table.range(session_blocks(session)).engine()? {
-                let (_, value) = entry.engine()?;
-                bytes += value.value().len() as u64;
+            for block in self.view()?.blocks(session, 0)? {
+                bytes += block?.1.len() as u64;
             }
             Ok(bytes)
         })
@@ -839,57 +837,31 @@ impl Store {
     /// Every stored session, in id order (which is creation order for UUIDv7 ids).
     pub fn list(&self) -> Result<Vec<SessionInfo>> {
         guard(|| {
-            let txn = self.begin_read()?;
-            let table = txn.open_table(SESSIONS).engine()?;
-            // The table's length is the file's word, which damage can make anything: sized by
-            // it only up to a bound.
-            let mut out = Vec::with_capacity(table.len().engine()?.min(1 << 16) as usize);
-            for entry in table.iter().engine()? {
-                let (key, value) = entry.engine()?;
-                let session = SessionId::from_u128(key.value());
-                out.push(info_of(SessionRecord::decode(session, value.value())?));
-            }
-            Ok(out)
+            let rows = self.view()?.rows()?;
+            rows.into_iter()
+                .map(|(session, row)| Ok(info_of(SessionRecord::decode(session, &row)?)))
+                .collect()
         })
     }
 
     /// The children of `parent` (sessions whose header names it), in id order, from the children
     /// index without scanning sessions.
     pub fn children(&self, parent: SessionId) -> Result<Vec<SessionId>> {
-        guard(|| {
-            let txn = self.begin_read()?;
-            children_of(&txn, parent)
-        })
+        guard(|| self.view()?.children(parent))
     }
 
-    /// Every descendant of `root`, breadth first, in one read transaction.
+    /// Every descendant of `root`, breadth first, in one read view.
     pub fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
-        guard(|| {
-            let txn = self.begin_read()?;
-            let mut out = children_of(&txn, root)?;
-            let mut next = 0;
-            while next < out.len() {
-                let more = children_of(&txn, out[next])?;
-                out.extend(more);
-                next += 1;
-            }
-            Ok(out)
-        })
+        guard(|| self.view()?.descendants(root))
     }
 
     /// Space used, overall and by event kind.
     pub fn stats(&self) -> Result<StoreStats> {
         guard(|| {
-            let txn = self.begin_read()?;
-            // Sessions are counted as `list` finds them, not by the table's stored length:
-            // that is the file's word, which damage can make disagree with its entries.
-            let mut sessions = 0u64;
-            for entry in txn.open_table(SESSIONS).engine()?.iter().engine()? {
-                entry.engine()?;
-                sessions += 1;
-            }
+            let view = self.view()?;
+            let rows = view.rows()?;
             let mut stats = StoreStats {
-                sessions,
+                sessions: rows.len() as u64,
                 file_bytes: self
                     .inner
                     .path
@@ -898,23 +870,21 @@ impl Store {
                     .map(|m| m.len()),
                 ..StoreStats::default()
             };
-            let table = txn.open_table(EVENTS).engine()?;
-            for entry in table.iter().engine()? {
-                let (key, value) = entry.engine()?;
-                let (id, first_seq) = key.value();
-                let session = SessionId::from_u128(id);
-                let bytes = value.value();
-                let block = Block::parse(session, first_seq, bytes)?;
-                stats.blocks += 1;
-                stats.block_bytes += bytes.len() as u64;
-                for item in lineage_log::Records::new(block.records, first_seq) {
-                    let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-                    let kind = raw.kind().unwrap_or(EventKind::Opaque);
-                    let slot = stats.by_kind.entry(kind).or_default();
-                    slot.events += 1;
-                    slot.bytes += raw.bytes.len() as u64;
-                    stats.events += 1;
-                    stats.record_bytes += raw.bytes.len() as u64;
+            for (session, _) in rows {
+                for block in view.blocks(session, 0)? {
+                    let (first_seq, bytes) = block?;
+                    let block = Block::parse(session, first_seq, &bytes)?;
+                    stats.blocks += 1;
+                    stats.block_bytes += bytes.len() as u64;
+                    for item in lineage_log::Records::new(block.records, first_seq) {
+                        let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+                        let kind = raw.kind().unwrap_or(EventKind::Opaque);
+                        let slot = stats.by_kind.entry(kind).or_default();
+                        slot.events += 1;
+                        slot.bytes += raw.bytes.len() as u64;
+                        stats.events += 1;
+                        stats.record_bytes += raw.bytes.len() as u64;
+                    }
                 }
             }
             Ok(stats)
@@ -1067,16 +1037,6 @@ fn info_of(record: SessionRecord) -> SessionInfo {
         head: record.head,
         revision: record.revision,
     }
-}
-
-pub(crate) fn children_of(txn: &ReadTransaction, parent: SessionId) -> Result<Vec<SessionId>> {
-    let table = txn.open_table(CHILDREN).engine()?;
-    let id = parent.as_u128();
-    let mut out = Vec::new();
-    for entry in table.range((id, 0)..=(id, u128::MAX)).engine()? {
-        out.push(SessionId::from_u128(entry.engine()?.0.value().1));
-    }
-    Ok(out)
 }
 
 /// Cuts a validated batch's records into blocks within the limits, advancing the tail's seq and

@@ -3,16 +3,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use crate::Result;
+use crate::engine::View;
+use crate::layout::{Block, SessionRecord};
+use crate::store::Store;
 use lineage_log::{
     Chain, Digest, Encoder, EventBody, FORMAT_VERSION, Header, Records, SessionId, SessionLineage,
     Structure, decode_record, with_log_facts,
 };
-use redb::ReadableTable;
-
-use crate::Result;
-use crate::error::Engine;
-use crate::layout::{Block, CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
-use crate::store::Store;
 
 /// What `verify` found wrong with one session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,26 +198,14 @@ impl Store {
     /// parent is in the store. An open tail turn is reported as open, not as a problem.
     pub fn verify(&self) -> Result<VerifyReport> {
         crate::store::guard(|| {
-            let txn = self.begin_read()?;
-            let sessions = txn.open_table(SESSIONS).engine()?;
-            let events = txn.open_table(EVENTS).engine()?;
-            let children = txn.open_table(CHILDREN).engine()?;
-
+            let view = self.view()?;
             let mut records: BTreeMap<SessionId, std::result::Result<SessionRecord, String>> =
                 BTreeMap::new();
-            for entry in sessions.iter().engine()? {
-                let (key, value) = entry.engine()?;
-                let session = SessionId::from_u128(key.value());
-                let record =
-                    SessionRecord::decode(session, value.value()).map_err(|e| e.to_string());
+            for (session, row) in view.rows()? {
+                let record = SessionRecord::decode(session, &row).map_err(|e| e.to_string());
                 records.insert(session, record);
             }
-            let mut index: BTreeSet<(SessionId, SessionId)> = BTreeSet::new();
-            for entry in children.iter().engine()? {
-                let (key, _) = entry.engine()?;
-                let (parent, child) = key.value();
-                index.insert((SessionId::from_u128(parent), SessionId::from_u128(child)));
-            }
+            let index: BTreeSet<(SessionId, SessionId)> = view.child_index()?.into_iter().collect();
             // Which digests each parent's scan must capture for its children.
             let mut wanted: HashMap<SessionId, BTreeSet<u64>> = HashMap::new();
             for record in records.values().flatten() {
@@ -256,7 +242,7 @@ impl Store {
                     Ok(record) => {
                         let empty = BTreeSet::new();
                         let wants = wanted.get(&session).unwrap_or(&empty);
-                        let scan = scan_session(&events, session, record, wants, &mut report)?;
+                        let scan = scan_session(&*view, session, record, wants, &mut report)?;
                         check_header(&record.header, &scan, &mut report.problems);
                         report.events = scan.events;
                         report.blocks = scan.blocks;
@@ -307,7 +293,7 @@ impl Store {
 }
 
 fn scan_session(
-    events: &redb::ReadOnlyTable<(u128, u64), &[u8]>,
+    view: &dyn View,
     session: SessionId,
     record: &SessionRecord,
     wants: &BTreeSet<u64>,
@@ -325,11 +311,10 @@ fn scan_session(
     let mut expected = 0u64;
     let mut encoder = Encoder::new();
     let mut canonical = Vec::new();
-    for entry in events.range(session_blocks(session)).engine()? {
-        let (key, value) = entry.engine()?;
-        let first_seq = key.value().1;
+    for block in view.blocks(session, 0)? {
+        let (first_seq, value) = block?;
         scan.blocks += 1;
-        let block = match Block::parse(session, first_seq, value.value()) {
+        let block = match Block::parse(session, first_seq, &value) {
             Ok(block) => block,
             Err(e) => {
                 problems.push(Problem::CorruptBlock {

@@ -11,12 +11,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
-use redb::Database;
 
-use crate::delete::{DeleteJob, Deleted, delete_in};
+use crate::delete::{DeleteJob, Deleted};
+use crate::engine::{Engine, SessionWrite, Written};
 use crate::error::EngineError;
-use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, encode_block};
-use crate::store::{Writable, contained};
+use crate::layout::{SessionRecord, encode_block};
 use crate::{Result, StoreError, StoreOptions};
 
 /// Admitted records of one session, not yet durable: a contiguous run ending at `digest`.
@@ -76,6 +75,44 @@ pub(crate) struct State {
     /// Sessions this handle deleted: a tail read from the store before the deletion committed is
     /// not remembered, and forks of them are refused.
     pub deleted: HashSet<SessionId>,
+    /// Sessions whose write a commit refused, with why: their batches up to the ticket were
+    /// dropped, and their flushes report it.
+    pub refused: HashMap<SessionId, Refused>,
+}
+
+/// Why a committed round refused one session's write.
+#[derive(Clone, Debug)]
+pub(crate) struct Refused {
+    /// The last ticket of the batches dropped with it.
+    pub upto: u64,
+    pub why: Refusal,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Refusal {
+    /// The stored log ended at `found` (`None`: no row), not where the batch began (`got`).
+    Conflict {
+        found: Option<u64>,
+        got: u64,
+    },
+    Failed(EngineError),
+}
+
+impl Refused {
+    pub fn error(&self, session: SessionId) -> StoreError {
+        match &self.why {
+            // Another writer got there first: the batch continued an older end of the log.
+            Refusal::Conflict { found, got } => StoreError::SeqMismatch {
+                session,
+                index: 0,
+                expected: found.unwrap_or(0),
+                got: *got,
+            },
+            Refusal::Failed(source) => StoreError::CommitFailed {
+                source: source.clone(),
+            },
+        }
+    }
 }
 
 pub(crate) struct Queue {
@@ -125,18 +162,41 @@ impl Queue {
         ticket
     }
 
-    /// Waits until every batch with a ticket at or below `target` is durable.
-    pub fn wait_durable(&self, mut state: MutexGuard<'_, State>, target: u64) -> Result<()> {
-        if target <= state.durable {
-            return Ok(());
-        }
+    /// Waits until every batch with a ticket at or below `target` is durable: `session`'s, or
+    /// every session's for `None`. A batch a commit refused is reported.
+    pub fn wait_durable(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        session: Option<SessionId>,
+        target: u64,
+    ) -> Result<()> {
+        let start_durable = state.durable;
         let start_attempts = state.attempts;
-        state.flush_requested = true;
-        state.paused = false;
-        self.wake_writer.notify_one();
+        let mut asked = false;
         loop {
+            let refused = match session {
+                Some(session) => state
+                    .refused
+                    .get(&session)
+                    .filter(|r| r.upto >= target)
+                    .map(|r| r.error(session)),
+                None => state
+                    .refused
+                    .iter()
+                    .find(|(_, r)| r.upto > start_durable && r.upto <= target)
+                    .map(|(session, r)| r.error(*session)),
+            };
+            if let Some(error) = refused {
+                return Err(error);
+            }
             if state.durable >= target {
                 return Ok(());
+            }
+            if !asked {
+                asked = true;
+                state.flush_requested = true;
+                state.paused = false;
+                self.wake_writer.notify_one();
             }
             if state.attempts > start_attempts
                 && let Some(failure) = &state.last_failure
@@ -159,15 +219,69 @@ impl Queue {
 /// One session's share of a commit.
 struct Job {
     session: SessionId,
-    /// Present when the session has no row yet: the commit writes its header too.
-    new_header: Option<Header>,
+    /// Whether the session has no row yet: the commit writes its header too.
+    new: bool,
     header: Header,
     revision: u64,
     blocks: Vec<PendingBlock>,
+    /// The session's last ticket when the job was taken.
+    last_ticket: u64,
+}
+
+impl Job {
+    /// The job as the engine writes it: adjacent small blocks merged up to the block limits, and
+    /// the session's new row.
+    fn write(&self, options: &StoreOptions) -> SessionWrite {
+        let mut values = Vec::new();
+        let mut i = 0;
+        while i < self.blocks.len() {
+            let first = &self.blocks[i];
+            let mut j = i + 1;
+            let mut count = first.count;
+            let mut bytes = first.records.len();
+            while let Some(next) = self.blocks.get(j) {
+                if (count + next.count) as usize > options.block_events
+                    || bytes + next.records.len() > options.block_bytes
+                {
+                    break;
+                }
+                count += next.count;
+                bytes += next.records.len();
+                j += 1;
+            }
+            let mut value = Vec::new();
+            if j == i + 1 {
+                encode_block(count, first.digest, &first.records, &mut value);
+            } else {
+                let mut records = Vec::with_capacity(bytes);
+                for block in &self.blocks[i..j] {
+                    records.extend_from_slice(&block.records);
+                }
+                encode_block(count, self.blocks[j - 1].digest, &records, &mut value);
+            }
+            values.push((first.first_seq, value));
+            i = j;
+        }
+        let last = self.blocks.last().expect("jobs have blocks");
+        let row = SessionRecord {
+            header: self.header.clone(),
+            next_seq: last.first_seq + u64::from(last.count),
+            head: last.digest,
+            revision: self.revision,
+        };
+        SessionWrite {
+            session: self.session,
+            new: self.new,
+            parent: self.header.parent,
+            expected: self.blocks[0].first_seq,
+            row: row.encode(),
+            blocks: values,
+        }
+    }
 }
 
 /// The writer thread's body.
-pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
+pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOptions) {
     struct Gone<'a>(&'a Queue);
     impl Drop for Gone<'_> {
         fn drop(&mut self) {
@@ -177,7 +291,6 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
         }
     }
     let _gone = Gone(&queue);
-    let mut scratch = Vec::new();
     loop {
         let mut state = queue.lock();
         loop {
@@ -218,10 +331,11 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
             }
             jobs.push(Job {
                 session: *session,
-                new_header: (!tail.row_written).then(|| tail.header.clone()),
+                new: !tail.row_written,
                 header: tail.header.clone(),
                 revision: tail.revision + 1,
                 blocks: std::mem::take(&mut tail.pending),
+                last_ticket: tail.last_ticket,
             });
         }
         let deletions = std::mem::take(&mut state.deletions);
@@ -231,48 +345,47 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
         let shutting_down = state.shutdown;
         drop(state);
 
-        // A handle is missing only after a reopen failed: try again before committing.
-        let handle = db.get().or_else(|_| {
-            db.reopen();
-            db.get()
-        });
-        let result = match handle {
-            // The engine may panic committing onto a damaged file: that is a failed commit.
-            Ok(handle) => contained(|| commit(&handle, &jobs, &deletions, &options, &mut scratch))
-                .unwrap_or_else(|panic| {
-                    Err(redb::Error::Corrupted(format!(
-                        "the storage engine panicked committing: {panic}"
-                    )))
-                }),
-            // Name why the file is unavailable, not only that it is.
-            Err(error) => Err(redb::Error::Io(std::io::Error::other(error.to_string()))),
-        };
+        let writes: Vec<SessionWrite> = jobs.iter().map(|job| job.write(&options)).collect();
+        let result = engine.commit(&writes, &deletions);
+        drop(writes);
         if result.is_err() {
-            // The engine refuses a handle after an I/O failure: reopen before any retry.
-            db.reopen();
+            // A redb handle is refused after an I/O failure: reopen before any retry.
+            engine.recover();
         }
 
         let mut state = queue.lock();
         state.attempts += 1;
         match result {
-            Ok(answers) => {
+            Ok(committed) => {
                 state.durable = watermark;
                 state.last_failure = None;
-                for job in jobs {
-                    if let Some(tail) = state.tails.get_mut(&job.session) {
-                        tail.revision = job.revision;
-                        tail.row_written = true;
-                    }
+                for (job, written) in jobs.into_iter().zip(committed.writes) {
+                    let why = match written {
+                        Written::Applied => {
+                            if let Some(tail) = state.tails.get_mut(&job.session) {
+                                tail.revision = job.revision;
+                                tail.row_written = true;
+                            }
+                            continue;
+                        }
+                        Written::Conflict { found } => Refusal::Conflict {
+                            found,
+                            got: job.blocks[0].first_seq,
+                        },
+                        Written::Failed(error) => Refusal::Failed(error),
+                    };
+                    refuse(&mut state, job.session, job.last_ticket, why);
                 }
-                for (id, answer) in answers {
+                for (id, answer) in committed.deletions {
                     if let Ok(deleted) = &answer {
                         forget_deleted(&mut state, &deleted.sessions);
                     }
                     state.deleted_answers.insert(id, answer);
                 }
+                settle_if_idle(&mut state);
             }
-            Err(error) => {
-                tracing::warn!(%error, sessions = jobs.len(), "group commit failed; its batches stay queued");
+            Err(failure) => {
+                tracing::warn!(error = %failure, sessions = jobs.len(), "group commit failed; its batches stay queued");
                 for job in jobs {
                     let count = job.blocks.len();
                     if let Some(tail) = state.tails.get_mut(&job.session) {
@@ -281,7 +394,6 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
                         state.pending_blocks += count;
                     }
                 }
-                let failure = EngineError::from_engine(error);
                 // A failed deletion deleted nothing; its caller is told, and may try again.
                 for deletion in deletions {
                     state.deleted_answers.insert(
@@ -303,6 +415,31 @@ pub(crate) fn run(db: Arc<Writable>, queue: Arc<Queue>, options: StoreOptions) {
     }
 }
 
+/// Forgets the tail of a session whose write a commit refused, with every batch admitted to it
+/// since (each was validated against an end of the log the store does not hold), so the next
+/// admission reads the session from the store again; its flushes up to `upto` report `why`.
+fn refuse(state: &mut State, session: SessionId, upto: u64, why: Refusal) {
+    let error = Refused { upto, why };
+    tracing::warn!(%session, error = %error.error(session), "a commit refused the session's write; its admitted batches are dropped");
+    let upto = match state.tails.remove(&session) {
+        Some(tail) => {
+            state.pending_blocks -= tail.pending.len().min(state.pending_blocks);
+            tail.last_ticket.max(upto)
+        }
+        None => upto,
+    };
+    state.refused.insert(session, Refused { upto, ..error });
+}
+
+/// When nothing is left to write, every ticket issued is durable or was discarded: no flush may
+/// wait for a commit that has nothing left to write.
+fn settle_if_idle(state: &mut State) {
+    if state.pending_blocks == 0 {
+        state.durable = state.next_ticket;
+        state.first_pending_at = None;
+    }
+}
+
 /// Drops what the writer knows of sessions a committed deletion removed: their tails, with any
 /// blocks admitted to them since the commit began (they are discarded with the session), and
 /// remembers them as deleted.
@@ -313,85 +450,4 @@ fn forget_deleted(state: &mut State, sessions: &[SessionId]) {
         }
         state.deleted.insert(*session);
     }
-    if state.pending_blocks == 0 {
-        // Every ticket issued is now durable or discarded: no flush may wait for a commit that
-        // has nothing left to write.
-        state.durable = state.next_ticket;
-        state.first_pending_at = None;
-    }
-}
-
-/// The answer to each deletion of a commit, by its id.
-type Answers = Vec<(u64, Result<Deleted>)>;
-
-/// One transaction: every job's blocks (adjacent small blocks merged up to the block limits), its
-/// session row, and for a new child its `children` entry; then the deletions, after the blocks
-/// (so blocks admitted to a session before its deletion are deleted with it); then one durable
-/// commit.
-fn commit(
-    db: &Database,
-    jobs: &[Job],
-    deletions: &[DeleteJob],
-    options: &StoreOptions,
-    scratch: &mut Vec<u8>,
-) -> std::result::Result<Answers, redb::Error> {
-    let txn = db.begin_write()?;
-    {
-        let mut events = txn.open_table(EVENTS)?;
-        let mut sessions = txn.open_table(SESSIONS)?;
-        let mut children = txn.open_table(CHILDREN)?;
-        let id_of = |s: SessionId| s.as_u128();
-        for job in jobs {
-            let id = id_of(job.session);
-            let mut i = 0;
-            while i < job.blocks.len() {
-                let first = &job.blocks[i];
-                let mut j = i + 1;
-                let mut count = first.count;
-                let mut bytes = first.records.len();
-                while j < job.blocks.len() {
-                    let next = &job.blocks[j];
-                    if (count + next.count) as usize > options.block_events
-                        || bytes + next.records.len() > options.block_bytes
-                    {
-                        break;
-                    }
-                    count += next.count;
-                    bytes += next.records.len();
-                    j += 1;
-                }
-                scratch.clear();
-                if j == i + 1 {
-                    encode_block(count, first.digest, &first.records, scratch);
-                } else {
-                    let mut records = Vec::with_capacity(bytes);
-                    for block in &job.blocks[i..j] {
-                        records.extend_from_slice(&block.records);
-                    }
-                    encode_block(count, job.blocks[j - 1].digest, &records, scratch);
-                }
-                events.insert((id, first.first_seq), scratch.as_slice())?;
-                i = j;
-            }
-            let last = job.blocks.last().expect("jobs have blocks");
-            let record = SessionRecord {
-                header: job.header.clone(),
-                next_seq: last.first_seq + u64::from(last.count),
-                head: last.digest,
-                revision: job.revision,
-            };
-            sessions.insert(id, record.encode().as_slice())?;
-            if let Some(header) = &job.new_header
-                && let Some(parent) = header.parent
-            {
-                children.insert((id_of(parent), id), ())?;
-            }
-        }
-    }
-    let mut answers = Vec::with_capacity(deletions.len());
-    for deletion in deletions {
-        answers.push((deletion.id, delete_in(&txn, deletion)?));
-    }
-    txn.commit()?;
-    Ok(answers)
 }

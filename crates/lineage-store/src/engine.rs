@@ -1,0 +1,160 @@
+//! The engine seam: the little a storage engine does for the store.
+//!
+//! Everything that gives the store its meaning (validation, encoding, digests, cutting blocks,
+//! crash repair, fork, verify) is the same on every engine. An engine keeps three kinds of opaque
+//! values and nothing else: session rows keyed by session, blocks keyed by `(session, first_seq)`,
+//! and the children index `(parent, child)`. It gives consistent read views of them ([`View`])
+//! and commits rounds of writes ([`Engine::commit`]), each session's write conditional on where
+//! its log ends. So every engine holds byte-identical blocks with the same digests.
+
+use lineage_log::SessionId;
+use redb::AccessGuard;
+
+use crate::Result;
+use crate::delete::{DeleteJob, Deleted};
+use crate::error::EngineError;
+
+/// A stored value: a page the engine lends (redb) or bytes the engine handed over.
+pub(crate) enum Bytes {
+    Page(AccessGuard<'static, &'static [u8]>),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Page(guard) => guard.value(),
+            Bytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// One session's blocks in seq order, as `(first_seq, value)`.
+pub(crate) type Blocks = Box<dyn Iterator<Item = Result<(u64, Bytes)>> + Send>;
+
+/// A consistent read view: every call sees the same committed state.
+pub(crate) trait View: Send {
+    /// A session's row.
+    fn row(&self, session: SessionId) -> Result<Option<Bytes>>;
+
+    /// Every row, in id order.
+    fn rows(&self) -> Result<Vec<(SessionId, Bytes)>>;
+
+    /// The session's blocks whose first seq is at least `start`, in seq order.
+    fn blocks(&self, session: SessionId, start: u64) -> Result<Blocks>;
+
+    /// The first seq of the block that holds `seq`: the last block starting at or before it (0
+    /// when there is none).
+    fn block_start(&self, session: SessionId, seq: u64) -> Result<u64>;
+
+    /// The children `parent`'s index entries name, in id order.
+    fn children(&self, parent: SessionId) -> Result<Vec<SessionId>>;
+
+    /// The whole children index, in `(parent, child)` order.
+    fn child_index(&self) -> Result<Vec<(SessionId, SessionId)>>;
+
+    /// Every descendant of `root`, breadth first.
+    fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
+        let mut out = self.children(root)?;
+        let mut next = 0;
+        while next < out.len() {
+            let more = self.children(out[next])?;
+            out.extend(more);
+            next += 1;
+        }
+        Ok(out)
+    }
+}
+
+/// One session's share of a commit round.
+#[derive(Debug)]
+pub(crate) struct SessionWrite {
+    pub session: SessionId,
+    /// Whether the session has no row yet: then no row may exist, and a child gets its
+    /// `(parent, child)` index entry.
+    pub new: bool,
+    /// The parent a new session's header names.
+    pub parent: Option<SessionId>,
+    /// Where the stored log must end for this write to apply: the first seq of its first block.
+    pub expected: u64,
+    /// The session's new row.
+    pub row: Vec<u8>,
+    /// Block values keyed by first seq, contiguous from `expected`.
+    pub blocks: Vec<(u64, Vec<u8>)>,
+}
+
+/// What became of one session's write in a committed round.
+#[derive(Debug)]
+pub(crate) enum Written {
+    Applied,
+    /// The stored log did not end where the write expected: another writer got there first (or
+    /// the session was created, or removed, elsewhere). Nothing of the write was applied.
+    Conflict {
+        /// The stored session's next seq, or `None` when no row is stored.
+        found: Option<u64>,
+    },
+    /// The engine refused this session's write alone; nothing of it was applied, and the rest of
+    /// the round was committed without it.
+    Failed(EngineError),
+}
+
+/// A committed round: each write's fate (in the order given) and each deletion's answer.
+pub(crate) struct Committed {
+    pub writes: Vec<Written>,
+    pub deletions: Vec<(u64, Result<Deleted>)>,
+}
+
+/// A storage engine under a [`crate::Store`].
+pub(crate) trait Engine: Send + Sync {
+    /// A consistent read view of the latest commit.
+    fn view(&self) -> Result<Box<dyn View>>;
+
+    /// Commits `writes` and then `deletions` as one round. `Err` means nothing was committed;
+    /// otherwise every write was applied or refused alone ([`Written`]).
+    fn commit(
+        &self,
+        writes: &[SessionWrite],
+        deletions: &[DeleteJob],
+    ) -> std::result::Result<Committed, EngineError>;
+
+    /// Whether the engine only reads.
+    fn read_only(&self) -> bool;
+
+    /// Makes a later commit possible after a failed one (a redb handle that saw an I/O failure is
+    /// refused until it is reopened).
+    fn recover(&self) {}
+
+    /// Whether the storage awaits recovery by its next writer (see [`crate::Store::awaits_recovery`]).
+    fn awaits_recovery(&self) -> bool {
+        false
+    }
+
+    /// Releases the storage when the store closes; a failure is logged.
+    fn release(&self) {}
+}
+
+/// What removing one session took.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Removed {
+    pub blocks: u64,
+    pub events: u64,
+    pub bytes: u64,
+}
+
+/// The operations a deletion needs inside an engine's write transaction.
+pub(crate) trait Removal {
+    fn is_stored(&mut self, session: SessionId) -> std::result::Result<bool, EngineError>;
+    fn children(&mut self, parent: SessionId) -> std::result::Result<Vec<SessionId>, EngineError>;
+    /// Removes the session's row, blocks and index entries (as a child and as a parent).
+    fn remove(&mut self, session: SessionId) -> std::result::Result<Removed, EngineError>;
+}
+
+/// The record count a block value's header states (0 for a header too short to say).
+pub(crate) fn block_count(value: &[u8]) -> u64 {
+    value
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, |b| u64::from(u32::from_le_bytes(b)))
+}

@@ -14,10 +14,11 @@ use crate::Result;
 use crate::delete::{DeleteJob, Deleted};
 use crate::error::EngineError;
 
-/// A stored value: a page the engine lends (redb) or bytes the engine handed over.
+/// A stored value: a page redb lends, or a PostgreSQL row's column (checked to be bytes).
 pub(crate) enum Bytes {
     Page(AccessGuard<'static, &'static [u8]>),
-    Owned(Vec<u8>),
+    #[cfg(feature = "postgres")]
+    Row(tokio_postgres::Row, usize),
 }
 
 impl std::ops::Deref for Bytes {
@@ -26,7 +27,8 @@ impl std::ops::Deref for Bytes {
     fn deref(&self) -> &[u8] {
         match self {
             Bytes::Page(guard) => guard.value(),
-            Bytes::Owned(bytes) => bytes,
+            #[cfg(feature = "postgres")]
+            Bytes::Row(row, index) => row.get(*index),
         }
     }
 }
@@ -97,6 +99,7 @@ pub(crate) enum Written {
     },
     /// The engine refused this session's write alone; nothing of it was applied, and the rest of
     /// the round was committed without it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Failed(EngineError),
 }
 
@@ -157,4 +160,26 @@ pub(crate) fn block_count(value: &[u8]) -> u64 {
         .get(..4)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
         .map_or(0, |b| u64::from(u32::from_le_bytes(b)))
+}
+
+/// Whether a store's location names a PostgreSQL database rather than a file.
+pub(crate) fn is_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// A database URL with its password, if any, masked: errors and logs name the database, never
+/// the secret.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split_once(':').map_or(user, |(name, _)| name);
+            format!("{scheme}://{name}:***@{host}{tail}")
+        }
+        _ => url.to_owned(),
+    }
 }

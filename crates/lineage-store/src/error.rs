@@ -346,6 +346,17 @@ impl EngineError {
         self.poisoned_at
     }
 
+    /// A failure of the given kind, said in `message`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn new(kind: EngineErrorKind, message: impl Into<String>) -> EngineError {
+        EngineError {
+            kind,
+            message: message.into(),
+            io: None,
+            poisoned_at: None,
+        }
+    }
+
     /// An I/O failure outside the engine (creating the file, starting the writer thread), said
     /// as the engine says its own.
     pub(crate) fn io(error: io::Error) -> EngineError {

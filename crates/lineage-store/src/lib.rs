@@ -18,6 +18,8 @@ mod fork;
 mod layout;
 mod meta;
 mod owners;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod read;
 mod recovery;
 mod redb_engine;

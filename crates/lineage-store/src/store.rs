@@ -341,7 +341,14 @@ impl Store {
     ///
     /// After a failed commit the storage engine refuses the handle that saw the failure, so the
     /// writer reopens the file before it retries.
+    ///
+    /// `path` may instead be a `postgres://` (or `postgresql://`) URL: the store is then the
+    /// database's Lineage tables, created in a database that has none, shared by every host that
+    /// opens it (see [`Store::open_postgres`]).
     pub fn open_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        if let Some(url) = path.as_ref().to_str().filter(|p| crate::engine::is_url(p)) {
+            return Self::open_postgres(url, options);
+        }
         Self::open_creating_with(path, options, |file| {
             redb::backends::FileBackend::new(file).map_err(io::Error::other)
         })
@@ -414,14 +421,45 @@ impl Store {
         guard(|| Self::start(Box::new(opener), true, None, options))
     }
 
+    /// Opens a writable store in the PostgreSQL database at `url`, creating its tables in a
+    /// database that has none. Many hosts may open one database at once: each session's write is
+    /// conditional on where its log ends, so of two writers racing on one session one commits and
+    /// the other's flush fails with [`StoreError::SeqMismatch`], nothing of its batch written.
+    ///
+    /// Needs lineage-store's `postgres` feature; without it the URL is refused as
+    /// [`StoreError::NotAStore`].
+    pub fn open_postgres(url: &str, options: StoreOptions) -> Result<Store> {
+        #[cfg(feature = "postgres")]
+        {
+            guard(|| {
+                let (engine, store_id) = crate::postgres::PgEngine::open(url, false)?;
+                Self::start_writer(Arc::new(engine), None, store_id, options)
+            })
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = options;
+            Err(no_postgres(url))
+        }
+    }
+
     /// Opens the store at `path` read-only. Each read sees the writer's latest commit. The file is
-    /// never modified.
+    /// never modified. `path` may be a `postgres://` URL, as for [`Store::open_with`].
     ///
     /// A file whose writer stopped without closing it (a killed process) is read as that writer
     /// left it: every commit it made, repaired in memory only, while the file awaits recovery by
     /// its next writer ([`Store::awaits_recovery`]). Once a writer has opened the file, the next
     /// read follows the writer's commits instead.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Store> {
+        if let Some(url) = path.as_ref().to_str().filter(|p| crate::engine::is_url(p)) {
+            #[cfg(feature = "postgres")]
+            return guard(|| {
+                let (engine, store_id) = crate::postgres::PgEngine::open(url, true)?;
+                Ok(Self::reader(Arc::new(engine), None, store_id))
+            });
+            #[cfg(not(feature = "postgres"))]
+            return Err(no_postgres(url));
+        }
         guard(|| {
             let path = path.as_ref();
             let db = Reader::open(path)?;
@@ -431,18 +469,27 @@ impl Store {
                 reason: "it holds no Lineage tables".into(),
             })?;
             drop(txn);
-            Ok(Store {
-                inner: Arc::new(Inner {
-                    engine: Arc::new(RedbEngine::Read(db)),
-                    path: Some(path.to_owned()),
-                    store_id,
-                    queue: Arc::new(Queue::without_writer()),
-                    options: StoreOptions::default(),
-                    owners: Owners::default(),
-                    writer: Mutex::new(None),
-                }),
-            })
+            Ok(Self::reader(
+                Arc::new(RedbEngine::Read(db)),
+                Some(path.to_owned()),
+                store_id,
+            ))
         })
+    }
+
+    /// A read-only store over `engine`: no writer thread.
+    fn reader(engine: Arc<dyn StorageEngine>, path: Option<PathBuf>, store_id: Uuid) -> Store {
+        Store {
+            inner: Arc::new(Inner {
+                engine,
+                path,
+                store_id,
+                queue: Arc::new(Queue::without_writer()),
+                options: StoreOptions::default(),
+                owners: Owners::default(),
+                writer: Mutex::new(None),
+            }),
+        }
     }
 
     fn start(
@@ -889,6 +936,17 @@ impl Store {
             }
             Ok(stats)
         })
+    }
+}
+
+/// The refusal of a PostgreSQL URL by a build without the PostgreSQL engine.
+#[cfg(not(feature = "postgres"))]
+fn no_postgres(url: &str) -> StoreError {
+    StoreError::NotAStore {
+        path: crate::engine::redact(url).into(),
+        reason: "a PostgreSQL URL, and this build has no PostgreSQL engine (lineage-store's \
+                 `postgres` feature)"
+            .into(),
     }
 }
 

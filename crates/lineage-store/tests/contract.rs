@@ -46,7 +46,7 @@ fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
 }
 
 fn store_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
-    dir.path().join("sessions.lineage")
+    store_location(dir.path())
 }
 
 fn assert_unknown<T: std::fmt::Debug>(result: Result<T, StoreError>, id: SessionId) {
@@ -780,10 +780,7 @@ fn stats_count_sessions_events_blocks_and_kinds() {
         record_bytes + 3 * BLOCK_HEADER_LEN as u64
     );
     assert_eq!(stats.by_kind, by_kind);
-    assert_eq!(
-        stats.file_bytes,
-        Some(std::fs::metadata(&path).unwrap().len())
-    );
+    assert_eq!(stats.file_bytes, file_len(&path));
     let _ = b;
 
     let memory = mem_store();
@@ -803,7 +800,7 @@ fn a_read_only_handle_refuses_writes_and_serves_reads() {
     let writer = Store::open(&path).unwrap();
     writer.import(header.clone(), &log).unwrap();
     writer.close().unwrap();
-    let bytes_before = std::fs::read(&path).unwrap();
+    let bytes_before = store_contents(&path);
 
     let store = Store::open_read_only(&path).unwrap();
     assert!(store.is_read_only());
@@ -828,7 +825,7 @@ fn a_read_only_handle_refuses_writes_and_serves_reads() {
     store.flush(id).unwrap();
     store.close().unwrap();
     assert_eq!(
-        std::fs::read(&path).unwrap(),
+        store_contents(&path),
         bytes_before,
         "a read-only handle wrote nothing"
     );
@@ -1615,4 +1612,46 @@ fn a_created_header_naming_a_parent_needs_its_lineage_where_it_says() {
     };
     store.append(id, &[Event::new(0, 0, lineage)]).unwrap();
     assert_eq!(store.info(id).unwrap().header.parent, header.parent);
+}
+
+// Every test above that is about the store's behaviour, not redb's file, runs on PostgreSQL too.
+on_postgres_too! {
+    create_writes_nothing_until_the_first_append,
+    first_append_writes_the_header_and_the_batch_together,
+    append_to_a_session_never_created_is_refused,
+    create_refuses_a_header_of_another_format_or_with_a_relative_cwd,
+    import_writes_a_valid_seed_and_refuses_an_invalid_one,
+    append_that_does_not_continue_at_the_next_seq_is_refused_and_changes_nothing,
+    first_append_must_start_at_seq_zero,
+    batch_with_an_invalid_event_is_refused_whole,
+    empty_batch_is_a_no_op,
+    load_appends_the_closers_of_an_open_turn_durably,
+    inspect_balances_in_memory_and_leaves_the_store_untouched,
+    load_then_inspect_give_the_same_balanced_view,
+    read_from_returns_exactly_the_stored_suffix_for_every_k,
+    read_from_an_unknown_session_names_it,
+    children_and_descendants_follow_the_forks,
+    fork_refuses_a_boundary_inside_an_open_turn,
+    fork_refuses_a_boundary_past_the_end,
+    fork_refuses_a_taken_child_id_before_looking_at_the_boundary,
+    fork_of_an_unknown_parent_is_refused,
+    fork_copies_the_prefix_verbatim_then_writes_session_lineage,
+    a_forked_child_continues_its_turns_after_the_lineage_event,
+    stats_count_sessions_events_blocks_and_kinds,
+    a_read_only_handle_refuses_writes_and_serves_reads,
+    fork_on_a_read_only_handle_is_refused,
+    admitted_batches_are_durable_only_after_a_flush,
+    one_flush_commits_every_admitted_batch_as_one_block_per_session,
+    load_flushes_admitted_events_before_repairing,
+    fork_flushes_the_parents_admitted_events_first,
+    close_commits_what_was_admitted,
+    appenders_on_many_threads_share_one_writer,
+    list_is_in_id_order_and_a_stored_id_cannot_be_created_again,
+    fork_with_setup_writes_the_setup_after_lineage_in_the_same_commit,
+    a_batch_off_the_next_seq_is_a_seq_mismatch_even_when_it_holds_session_lineage,
+    a_refused_batch_names_its_first_offending_event,
+    a_descriptor_in_the_own_suffix_makes_the_stored_origin_subagent,
+    a_lineage_event_that_contradicts_the_header_is_refused,
+    import_refuses_a_header_its_log_contradicts_and_writes_nothing,
+    a_created_header_naming_a_parent_needs_its_lineage_where_it_says,
 }

@@ -47,14 +47,72 @@ pub fn fresh() -> (SessionId, Header) {
     (id, header(id))
 }
 
-/// A writable store over memory.
+/// The engine under the stores the helpers make on this thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// redb, over memory or in a file.
+    Redb,
+    /// A fresh database of the test process's private PostgreSQL server, per store.
+    Postgres,
+}
+
+thread_local! {
+    static ENGINE: std::cell::Cell<Engine> = const { std::cell::Cell::new(Engine::Redb) };
+}
+
+/// The engine the helpers use on this thread.
+pub fn engine() -> Engine {
+    ENGINE.get()
+}
+
+/// Runs `test`, a test of behaviour, with every store the helpers make on PostgreSQL: the same
+/// test, unchanged, on the other engine.
+pub fn run_on_postgres(test: fn()) {
+    ENGINE.set(Engine::Postgres);
+    test();
+}
+
+/// Declares, in a module `on_postgres`, a second test for each named test of this file that runs
+/// it on PostgreSQL ([`run_on_postgres`]).
+#[macro_export]
+macro_rules! on_postgres_too {
+    ($($test:ident),* $(,)?) => {
+        mod on_postgres {
+            $(
+                #[test]
+                fn $test() {
+                    $crate::common::run_on_postgres(super::$test);
+                }
+            )*
+        }
+    };
+}
+
+/// Where a new store lives: `dir`'s store file on redb, a fresh database's URL on PostgreSQL.
+pub fn store_location(dir: &Path) -> std::path::PathBuf {
+    match engine() {
+        Engine::Redb => dir.join("sessions.lineage"),
+        Engine::Postgres => lineage_testkit::postgres::postgres()
+            .create_database()
+            .into(),
+    }
+}
+
+/// A new writable store: over memory on redb, in a fresh database on PostgreSQL.
 pub fn mem_store() -> Store {
     mem_store_with(StoreOptions::default())
 }
 
-/// A writable store over memory with `options`.
+/// A new writable store with `options` (see [`mem_store`]).
 pub fn mem_store_with(options: StoreOptions) -> Store {
-    Store::with_backend(SharedMemory::default(), options).expect("a store opens over memory")
+    match engine() {
+        Engine::Redb => Store::with_backend(SharedMemory::default(), options)
+            .expect("a store opens over memory"),
+        Engine::Postgres => {
+            let url = lineage_testkit::postgres::postgres().create_database();
+            Store::open_with(&url, options).expect("a store opens in a fresh database")
+        }
+    }
 }
 
 /// Options whose blocks hold at most `events` events (and 4 KiB), so multi-block paths run.
@@ -239,9 +297,48 @@ pub fn rewrite_row(path: &Path, session: SessionId, change: impl FnOnce(&mut Raw
     txn.commit().unwrap();
 }
 
-/// How many session rows and event blocks a closed store file holds.
+/// The PostgreSQL URL a location is, if it is one.
+fn url_of(location: &Path) -> Option<&str> {
+    location.to_str().filter(|l| l.starts_with("postgres://"))
+}
+
+/// Everything a closed store holds, to compare before and after: the file's bytes on redb, a
+/// dump of the tables on PostgreSQL.
+pub fn store_contents(location: &Path) -> Vec<u8> {
+    match url_of(location) {
+        Some(url) => lineage_testkit::postgres::postgres()
+            .psql(
+                url,
+                "SELECT (SELECT string_agg(name || encode(value, 'hex'), ',' ORDER BY name) FROM lineage_meta) \
+                 || (SELECT coalesce(string_agg(id::text || encode(row, 'hex'), ',' ORDER BY id), '') FROM lineage_sessions) \
+                 || (SELECT coalesce(string_agg(session::text || first_seq || encode(value, 'hex'), ',' ORDER BY session, first_seq), '') FROM lineage_blocks) \
+                 || (SELECT coalesce(string_agg(parent::text || child::text, ',' ORDER BY parent, child), '') FROM lineage_children)",
+            )
+            .into_bytes(),
+        None => std::fs::read(location).expect("the store file reads"),
+    }
+}
+
+/// The size `stats` reports for the store: its file's, or none for a database.
+pub fn file_len(location: &Path) -> Option<u64> {
+    match url_of(location) {
+        Some(_) => None,
+        None => Some(std::fs::metadata(location).expect("the store file").len()),
+    }
+}
+
+/// How many session rows and event blocks a closed store holds.
 pub fn raw_counts(path: &Path) -> (u64, u64) {
     use redb::ReadableTableMetadata;
+    if let Some(url) = url_of(path) {
+        let count = |table: &str| {
+            lineage_testkit::postgres::postgres()
+                .psql(url, &format!("SELECT count(*) FROM {table}"))
+                .parse()
+                .expect("a count")
+        };
+        return (count("lineage_sessions"), count("lineage_blocks"));
+    }
     let db = raw_db(path);
     let txn = db.begin_read().expect("read transaction");
     let sessions = txn.open_table(SESSIONS).map_or(0, |t| t.len().unwrap());

@@ -1,0 +1,915 @@
+//! The PostgreSQL engine: a store that many hosts share, in four tables of one database.
+//!
+//! The tables mirror redb's (see `layout`): `lineage_meta` (magic, format version, store id),
+//! `lineage_sessions` (the postcard row, with its `next_seq` beside it so a write can be made
+//! conditional on it), `lineage_blocks` (the same block values, keyed by session and first seq)
+//! and `lineage_children`. Values are stored uncompressed (`STORAGE EXTERNAL`): blocks are
+//! written once and read whole, and compressing them would cost every load.
+//!
+//! The store is synchronous and hosts call it from inside tokio runtimes, so the engine runs
+//! `tokio-postgres` on a runtime of its own, on its own thread, and waits for each answer on a
+//! plain channel (the synchronous `postgres` crate would start a runtime inside the caller's,
+//! which tokio refuses).
+//!
+//! A read view is a `REPEATABLE READ READ ONLY` transaction on a pooled connection, so a load sees
+//! one commit whole. A round is one transaction on the writer's connection: each session's write
+//! is one statement that moves the session's row only if its `next_seq` is the one the writer
+//! expects and inserts the blocks only if the row moved; a write that finds another end is a
+//! conflict, and the rest of the round commits without it. A statement the server refuses for
+//! one session alone (a constraint, a value out of range) rolls the round back, and it is tried
+//! again without that session.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, mpsc};
+
+use lineage_log::SessionId;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, Row, Statement};
+use uuid::Uuid;
+
+use crate::delete::DeleteJob;
+use crate::engine::{
+    Blocks, Bytes, Committed, Engine, Removal, Removed, SessionWrite, View, Written, block_count,
+    redact,
+};
+use crate::error::{EngineError, EngineErrorKind};
+use crate::layout::{MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
+use crate::store::STORE_FORMAT_VERSION;
+use crate::{Result, StoreError};
+
+const CREATE: &str = "
+CREATE TABLE lineage_meta (name text PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE lineage_sessions (id uuid PRIMARY KEY, next_seq bigint NOT NULL, row bytea NOT NULL);
+CREATE TABLE lineage_blocks (
+    session uuid NOT NULL,
+    first_seq bigint NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (session, first_seq)
+);
+CREATE TABLE lineage_children (parent uuid NOT NULL, child uuid NOT NULL, PRIMARY KEY (parent, child));
+CREATE INDEX lineage_children_by_child ON lineage_children (child);
+ALTER TABLE lineage_sessions ALTER COLUMN row SET STORAGE EXTERNAL;
+ALTER TABLE lineage_blocks ALTER COLUMN value SET STORAGE EXTERNAL;
+";
+
+/// Serializes creating the tables among hosts opening a new database at once.
+const CREATE_LOCK: i64 = 0x6c69_6e65_6167_65;
+
+/// How many blocks a read asks for at once (a few MiB): a scan holds about this much.
+const PAGE_BLOCKS: i64 = 256;
+
+/// The statements every connection prepares once.
+struct Statements {
+    row: Statement,
+    rows: Statement,
+    blocks: Statement,
+    block_start: Statement,
+    children: Statement,
+    child_index: Statement,
+    descendants: Statement,
+    next_seq: Statement,
+    create_session: Statement,
+    extend_session: Statement,
+    remove_row: Statement,
+    remove_index: Statement,
+    remove_blocks: Statement,
+}
+
+const ROW: &str = "SELECT row FROM lineage_sessions WHERE id = $1";
+const ROWS: &str = "SELECT id, row FROM lineage_sessions ORDER BY id";
+const BLOCKS: &str = "SELECT first_seq, value FROM lineage_blocks \
+     WHERE session = $1 AND first_seq >= $2 ORDER BY first_seq LIMIT $3";
+const BLOCK_START: &str = "SELECT first_seq FROM lineage_blocks \
+     WHERE session = $1 AND first_seq <= $2 ORDER BY first_seq DESC LIMIT 1";
+const CHILDREN: &str = "SELECT child FROM lineage_children WHERE parent = $1 ORDER BY child";
+const CHILD_INDEX: &str = "SELECT parent, child FROM lineage_children ORDER BY parent, child";
+/// Breadth first, as the index is walked on redb: by depth, then by the path of ids from the
+/// root (which orders each level by its parents' order, then by id). The path also stops a
+/// damaged index's cycle.
+const DESCENDANTS: &str = "
+WITH RECURSIVE tree (child, path) AS (
+    SELECT child, ARRAY[child] FROM lineage_children WHERE parent = $1
+    UNION ALL
+    SELECT c.child, t.path || c.child FROM lineage_children c JOIN tree t ON c.parent = t.child
+    WHERE c.child <> ALL (t.path) AND c.child <> $1
+)
+SELECT child FROM tree ORDER BY cardinality(path), path";
+const NEXT_SEQ: &str = "SELECT next_seq FROM lineage_sessions WHERE id = $1";
+/// A new session: its row only if none is stored, then its index entry and blocks only if the
+/// row was made. Affects as many rows as blocks, or none.
+const CREATE_SESSION: &str = "
+WITH made AS (
+    INSERT INTO lineage_sessions (id, next_seq, row) VALUES ($1, $3, $4)
+    ON CONFLICT (id) DO NOTHING RETURNING id
+), linked AS (
+    INSERT INTO lineage_children (parent, child) SELECT $2, id FROM made WHERE $2::uuid IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO lineage_blocks (session, first_seq, value)
+SELECT made.id, b.first_seq, b.value FROM made, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)";
+/// A stored session: its row moves only from the expected end, and the blocks follow only if it
+/// moved. Affects as many rows as blocks, or none.
+const EXTEND_SESSION: &str = "
+WITH moved AS (
+    UPDATE lineage_sessions SET next_seq = $3, row = $4 WHERE id = $1 AND next_seq = $2 RETURNING id
+)
+INSERT INTO lineage_blocks (session, first_seq, value)
+SELECT moved.id, b.first_seq, b.value FROM moved, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)";
+const REMOVE_ROW: &str = "DELETE FROM lineage_sessions WHERE id = $1 RETURNING row";
+const REMOVE_INDEX: &str = "DELETE FROM lineage_children WHERE parent = $1 OR child = $1";
+const REMOVE_BLOCKS: &str = "DELETE FROM lineage_blocks WHERE session = $1 RETURNING substring(value FROM 1 FOR 4), length(value)";
+
+/// A connection with its statements prepared.
+struct Conn {
+    client: Client,
+    st: Statements,
+}
+
+/// The engine's own runtime, on its own thread, which stops when the engine is dropped.
+struct Runtime {
+    handle: tokio::runtime::Handle,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Runtime {
+    fn start() -> std::result::Result<Runtime, EngineError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(EngineError::io)?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("lineage-postgres".into())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(EngineError::io)?;
+        Ok(Runtime {
+            handle,
+            stop: Mutex::new(Some(stop)),
+        })
+    }
+
+    /// Runs `work` on the engine's runtime and waits for it on this thread, which may be a
+    /// thread of another runtime.
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> std::result::Result<T, EngineError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        rx.recv()
+            .map_err(|_| EngineError::new(EngineErrorKind::Other, "the PostgreSQL engine stopped"))
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The engine's error for a failure of the server or the connection.
+fn pg_error(error: tokio_postgres::Error) -> EngineError {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut message = format!(
+                "PostgreSQL: {} (SQLSTATE {})",
+                db.message(),
+                db.code().code()
+            );
+            if let Some(detail) = db.detail() {
+                message.push_str(": ");
+                message.push_str(detail);
+            }
+            EngineError::new(EngineErrorKind::Other, message)
+        }
+        None if error.is_closed() => EngineError::new(
+            EngineErrorKind::Io,
+            "PostgreSQL: the connection to the server is closed",
+        ),
+        None => EngineError::new(EngineErrorKind::Io, format!("PostgreSQL: {error}")),
+    }
+}
+
+/// Whether the server refused a statement for its own data alone (a constraint, a value out of
+/// range, a limit), so the rest of a round may commit without it.
+fn refused_for_its_data(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        let class = &db.code().code()[..2];
+        matches!(class, "22" | "23" | "54") && *db.code() != SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
+
+fn seq_param(seq: u64) -> std::result::Result<i64, EngineError> {
+    i64::try_from(seq).map_err(|_| {
+        EngineError::new(
+            EngineErrorKind::Other,
+            format!("seq {seq} is past the largest PostgreSQL bigint"),
+        )
+    })
+}
+
+/// Runs `$body` (an expression awaiting on `$c`, a clone of the connection `$conn`) on the
+/// engine's runtime: the outer result is the engine's, the inner one the statement's.
+macro_rules! on {
+    ($shared:expr, $conn:expr, |$c:ident| $body:expr) => {{
+        let $c = Arc::clone($conn);
+        $shared.runtime.run(async move { $body })
+    }};
+}
+
+struct Shared {
+    runtime: Runtime,
+    url: String,
+    /// Idle connections of finished read views.
+    pool: Arc<Mutex<Vec<Arc<Conn>>>>,
+    /// The writer thread's connection; replaced when it breaks.
+    writer: Mutex<Option<Arc<Conn>>>,
+}
+
+impl Shared {
+    /// A new connection with its statements prepared.
+    fn connect(&self) -> std::result::Result<Arc<Conn>, EngineError> {
+        let client = self.connect_bare()?;
+        self.prepare(client)
+    }
+
+    fn connect_bare(&self) -> std::result::Result<Client, EngineError> {
+        let url = self.url.clone();
+        let handle = self.runtime.handle.clone();
+        self.runtime.run(async move {
+            let (client, connection) = tokio_postgres::connect(&url, NoTls)
+                .await
+                .map_err(pg_error)?;
+            handle.spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "a PostgreSQL connection ended");
+                }
+            });
+            Ok(client)
+        })?
+    }
+
+    /// Prepares the statements (the tables must exist).
+    fn prepare(&self, client: Client) -> std::result::Result<Arc<Conn>, EngineError> {
+        self.runtime
+            .run(async move {
+                let st = Statements {
+                    row: client.prepare(ROW).await?,
+                    rows: client.prepare(ROWS).await?,
+                    blocks: client.prepare(BLOCKS).await?,
+                    block_start: client.prepare(BLOCK_START).await?,
+                    children: client.prepare(CHILDREN).await?,
+                    child_index: client.prepare(CHILD_INDEX).await?,
+                    descendants: client.prepare(DESCENDANTS).await?,
+                    next_seq: client.prepare(NEXT_SEQ).await?,
+                    create_session: client.prepare(CREATE_SESSION).await?,
+                    extend_session: client.prepare(EXTEND_SESSION).await?,
+                    remove_row: client.prepare(REMOVE_ROW).await?,
+                    remove_index: client.prepare(REMOVE_INDEX).await?,
+                    remove_blocks: client.prepare(REMOVE_BLOCKS).await?,
+                };
+                Ok(Arc::new(Conn { client, st }))
+            })?
+            .map_err(pg_error)
+    }
+
+    /// A pooled connection, or a new one.
+    fn idle(&self) -> std::result::Result<Arc<Conn>, EngineError> {
+        loop {
+            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match pooled {
+                Some(conn) if conn.client.is_closed() => continue,
+                Some(conn) => return Ok(conn),
+                None => return self.connect(),
+            }
+        }
+    }
+}
+
+/// The PostgreSQL engine of a store.
+pub(crate) struct PgEngine {
+    shared: Arc<Shared>,
+    read_only: bool,
+}
+
+impl PgEngine {
+    /// Connects to `url`, creating the tables in an empty database unless `read_only`, and checks
+    /// the store's meta rows. Returns the engine and the store id.
+    pub fn open(url: &str, read_only: bool) -> Result<(PgEngine, Uuid)> {
+        let shown = redact(url);
+        let storage = |e: EngineError| StoreError::Storage(e);
+        let shared = Arc::new(Shared {
+            runtime: Runtime::start().map_err(storage)?,
+            url: url.to_owned(),
+            pool: Arc::default(),
+            writer: Mutex::new(None),
+        });
+        let client = Arc::new(shared.connect_bare().map_err(|e| StoreError::NotAStore {
+            path: shown.clone().into(),
+            reason: format!("cannot connect: {e}"),
+        })?);
+        if !read_only {
+            create_tables(&shared, &client).map_err(storage)?;
+        }
+        let meta = on!(shared, &client, |c| {
+            let exists = c
+                .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
+                .await?
+                .get::<_, bool>(0);
+            if !exists {
+                return Ok(None);
+            }
+            let rows = c.query("SELECT name, value FROM lineage_meta", &[]).await?;
+            Ok(Some(
+                rows.iter()
+                    .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
+                    .collect::<Vec<_>>(),
+            ))
+        })
+        .map_err(storage)?
+        .map_err(|e| storage(pg_error(e)))?;
+        let store_id = check_meta(&shown, meta)?;
+        let client = Arc::try_unwrap(client).map_err(|_| {
+            storage(EngineError::new(
+                EngineErrorKind::Other,
+                "the first connection is still in use",
+            ))
+        })?;
+        let conn = shared.prepare(client).map_err(storage)?;
+        shared
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
+        Ok((PgEngine { shared, read_only }, store_id))
+    }
+
+    fn writer(&self) -> std::result::Result<Arc<Conn>, EngineError> {
+        let mut slot = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(conn.clone());
+        }
+        let conn = self.shared.connect()?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// One attempt at a round without the writes in `skip`: `Err(Ok(i))` names a write the
+    /// server refused for its own data (the transaction was rolled back).
+    fn round(
+        &self,
+        conn: &Arc<Conn>,
+        writes: &[SessionWrite],
+        skip: &[usize],
+        deletions: &[DeleteJob],
+    ) -> std::result::Result<Committed, std::result::Result<usize, EngineError>> {
+        let shared = &self.shared;
+        let failed = |e: EngineError| Err(e);
+        on!(shared, conn, |c| c.client.batch_execute("BEGIN").await)
+            .map_err(Err)?
+            .map_err(|e| Err(pg_error(e)))?;
+        let abort = |error: std::result::Result<usize, EngineError>| {
+            let _ = on!(shared, conn, |c| c.client.batch_execute("ROLLBACK").await);
+            error
+        };
+        let mut written = Vec::with_capacity(writes.len());
+        for (i, write) in writes.iter().enumerate() {
+            if skip.contains(&i) {
+                written.push(None);
+                continue;
+            }
+            let params = WriteParams::of(write).map_err(|e| abort(failed(e).map(|()| i)))?;
+            let new = write.new;
+            let affected = on!(shared, conn, |c| {
+                let p = params;
+                if new {
+                    c.client
+                        .execute(
+                            &c.st.create_session,
+                            &[&p.id, &p.parent, &p.next_seq, &p.row, &p.firsts, &p.values],
+                        )
+                        .await
+                } else {
+                    c.client
+                        .execute(
+                            &c.st.extend_session,
+                            &[
+                                &p.id,
+                                &p.expected,
+                                &p.next_seq,
+                                &p.row,
+                                &p.firsts,
+                                &p.values,
+                            ],
+                        )
+                        .await
+                }
+            })
+            .map_err(|e| abort(Err(e)))?;
+            match affected {
+                Ok(n) if n > 0 => written.push(Some(Written::Applied)),
+                Ok(_) => {
+                    let id = Uuid::from_u128(write.session.as_u128());
+                    let found = on!(shared, conn, |c| c
+                        .client
+                        .query_opt(&c.st.next_seq, &[&id])
+                        .await)
+                    .map_err(|e| abort(Err(e)))?
+                    .map_err(|e| abort(Err(pg_error(e))))?
+                    .map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX));
+                    written.push(Some(Written::Conflict { found }));
+                }
+                Err(e) if refused_for_its_data(&e) => {
+                    tracing::warn!(session = %write.session, error = %pg_error(e), "PostgreSQL refused a session's write; the round goes on without it");
+                    return Err(abort(Ok(i)));
+                }
+                Err(e) => return Err(abort(Err(pg_error(e)))),
+            }
+        }
+        let mut answers = Vec::with_capacity(deletions.len());
+        let mut removal = PgRemoval { shared, conn };
+        for deletion in deletions {
+            match crate::delete::delete_in(&mut removal, deletion) {
+                Ok(answer) => answers.push((deletion.id, answer)),
+                Err(e) => return Err(abort(Err(e))),
+            }
+        }
+        on!(shared, conn, |c| c.client.batch_execute("COMMIT").await)
+            .map_err(Err)?
+            .map_err(|e| Err(pg_error(e)))?;
+        Ok(Committed {
+            // Skipped writes are filled in by the caller.
+            writes: written
+                .into_iter()
+                .map(|w| w.unwrap_or(Written::Applied))
+                .collect(),
+            deletions: answers,
+        })
+    }
+}
+
+/// A write's statement parameters, owned so the statement can run on the engine's runtime.
+struct WriteParams {
+    id: Uuid,
+    parent: Option<Uuid>,
+    expected: i64,
+    next_seq: i64,
+    row: Vec<u8>,
+    firsts: Vec<i64>,
+    values: Vec<Vec<u8>>,
+}
+
+impl WriteParams {
+    fn of(write: &SessionWrite) -> std::result::Result<WriteParams, EngineError> {
+        let next_seq = SessionRecord::decode(write.session, &write.row)
+            .map(|r| r.next_seq)
+            .map_err(|e| EngineError::new(EngineErrorKind::Other, e.to_string()))?;
+        Ok(WriteParams {
+            id: Uuid::from_u128(write.session.as_u128()),
+            parent: write.parent.map(|p| Uuid::from_u128(p.as_u128())),
+            expected: seq_param(write.expected)?,
+            next_seq: seq_param(next_seq)?,
+            row: write.row.clone(),
+            firsts: write
+                .blocks
+                .iter()
+                .map(|(first, _)| seq_param(*first))
+                .collect::<std::result::Result<_, _>>()?,
+            values: write.blocks.iter().map(|(_, v)| v.clone()).collect(),
+        })
+    }
+}
+
+impl Engine for PgEngine {
+    fn view(&self) -> Result<Box<dyn View>> {
+        let storage = StoreError::Storage;
+        let conn = self.shared.idle().map_err(storage)?;
+        on!(self.shared, &conn, |c| c
+            .client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await)
+        .map_err(storage)?
+        .map_err(|e| storage(pg_error(e)))?;
+        Ok(Box::new(PgView {
+            held: Arc::new(Held {
+                shared: self.shared.clone(),
+                conn,
+            }),
+        }))
+    }
+
+    fn commit(
+        &self,
+        writes: &[SessionWrite],
+        deletions: &[DeleteJob],
+    ) -> std::result::Result<Committed, EngineError> {
+        if self.read_only {
+            return Err(EngineError::new(
+                EngineErrorKind::Other,
+                "the store is read-only",
+            ));
+        }
+        let conn = self.writer()?;
+        let mut skipped: Vec<(usize, EngineError)> = Vec::new();
+        loop {
+            let skip: Vec<usize> = skipped.iter().map(|(i, _)| *i).collect();
+            match self.round(&conn, writes, &skip, deletions) {
+                Ok(mut committed) => {
+                    for (i, error) in skipped {
+                        committed.writes[i] = Written::Failed(error);
+                    }
+                    return Ok(committed);
+                }
+                Err(Ok(i)) => skipped.push((
+                    i,
+                    EngineError::new(
+                        EngineErrorKind::Other,
+                        format!(
+                            "PostgreSQL refused the write of session {}",
+                            writes[i].session
+                        ),
+                    ),
+                )),
+                Err(Err(error)) => return Err(error),
+            }
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn recover(&self) {
+        let mut slot = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+        // A connection left inside a failed transaction is not reused.
+        *slot = None;
+    }
+}
+
+/// A read view's connection, inside its transaction until the last of the view and its block
+/// iterators is dropped; then rolled back and pooled.
+struct Held {
+    shared: Arc<Shared>,
+    conn: Arc<Conn>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let conn = self.conn.clone();
+        let pool = self.shared.pool.clone();
+        self.shared.runtime.handle.spawn(async move {
+            if conn.client.batch_execute("ROLLBACK").await.is_ok() {
+                let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+                if pool.len() < 8 {
+                    pool.push(conn);
+                }
+            }
+        });
+    }
+}
+
+impl Held {
+    fn query(
+        &self,
+        work: impl FnOnce(
+            Arc<Conn>,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send>,
+        >,
+    ) -> Result<Vec<Row>> {
+        let future = work(self.conn.clone());
+        self.shared
+            .runtime
+            .run(future)
+            .map_err(StoreError::Storage)?
+            .map_err(|e| StoreError::Storage(pg_error(e)))
+    }
+}
+
+struct PgView {
+    held: Arc<Held>,
+}
+
+fn uuid_of(session: SessionId) -> Uuid {
+    Uuid::from_u128(session.as_u128())
+}
+
+fn session_of(row: &Row, index: usize) -> Result<SessionId> {
+    row.try_get::<_, Uuid>(index)
+        .map(|id| SessionId::from_u128(id.as_u128()))
+        .map_err(|e| StoreError::Storage(pg_error(e)))
+}
+
+fn seq_of(row: &Row, index: usize) -> Result<u64> {
+    let seq = row
+        .try_get::<_, i64>(index)
+        .map_err(|e| StoreError::Storage(pg_error(e)))?;
+    u64::try_from(seq).map_err(|_| {
+        StoreError::Storage(EngineError::new(
+            EngineErrorKind::Corrupted,
+            format!("a negative seq ({seq}) is stored"),
+        ))
+    })
+}
+
+/// A row's bytes at `index`, checked to be bytes so that reading them later cannot fail.
+fn bytes_of(row: Row, index: usize) -> Result<Bytes> {
+    row.try_get::<_, &[u8]>(index)
+        .map_err(|e| StoreError::Storage(pg_error(e)))?;
+    Ok(Bytes::Row(row, index))
+}
+
+impl View for PgView {
+    fn row(&self, session: SessionId) -> Result<Option<Bytes>> {
+        let id = uuid_of(session);
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(&c.st.row, &[&id]).await }))?;
+        rows.into_iter()
+            .next()
+            .map(|row| bytes_of(row, 0))
+            .transpose()
+    }
+
+    fn rows(&self) -> Result<Vec<(SessionId, Bytes)>> {
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(&c.st.rows, &[]).await }))?;
+        rows.into_iter()
+            .map(|row| Ok((session_of(&row, 0)?, bytes_of(row, 1)?)))
+            .collect()
+    }
+
+    fn blocks(&self, session: SessionId, start: u64) -> Result<Blocks> {
+        Ok(Box::new(PgBlocks {
+            held: self.held.clone(),
+            session,
+            next: Some(start),
+            page: VecDeque::new(),
+        }))
+    }
+
+    fn block_start(&self, session: SessionId, seq: u64) -> Result<u64> {
+        let id = uuid_of(session);
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        let rows = self.held.query(|c| {
+            Box::pin(async move { c.client.query(&c.st.block_start, &[&id, &seq]).await })
+        })?;
+        match rows.first() {
+            Some(row) => seq_of(row, 0),
+            None => Ok(0),
+        }
+    }
+
+    fn children(&self, parent: SessionId) -> Result<Vec<SessionId>> {
+        let id = uuid_of(parent);
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(&c.st.children, &[&id]).await }))?;
+        rows.iter().map(|row| session_of(row, 0)).collect()
+    }
+
+    fn child_index(&self) -> Result<Vec<(SessionId, SessionId)>> {
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(&c.st.child_index, &[]).await }))?;
+        rows.iter()
+            .map(|row| Ok((session_of(row, 0)?, session_of(row, 1)?)))
+            .collect()
+    }
+
+    fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
+        let id = uuid_of(root);
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(&c.st.descendants, &[&id]).await }))?;
+        rows.iter().map(|row| session_of(row, 0)).collect()
+    }
+}
+
+/// A session's blocks, fetched a page at a time inside the view's transaction.
+struct PgBlocks {
+    held: Arc<Held>,
+    session: SessionId,
+    /// The first seq of the next page, `None` once the last page is read.
+    next: Option<u64>,
+    page: VecDeque<Row>,
+}
+
+impl PgBlocks {
+    fn fetch(&mut self, start: u64) -> Result<()> {
+        let id = uuid_of(self.session);
+        let Ok(start) = i64::try_from(start) else {
+            self.next = None;
+            return Ok(());
+        };
+        let rows = self.held.query(|c| {
+            Box::pin(async move {
+                c.client
+                    .query(&c.st.blocks, &[&id, &start, &PAGE_BLOCKS])
+                    .await
+            })
+        })?;
+        self.next = match rows.last() {
+            Some(last) if rows.len() as i64 == PAGE_BLOCKS => {
+                Some(seq_of(last, 0)?.saturating_add(1))
+            }
+            _ => None,
+        };
+        self.page = rows.into();
+        Ok(())
+    }
+}
+
+impl Iterator for PgBlocks {
+    type Item = Result<(u64, Bytes)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.page.is_empty() {
+            let start = self.next?;
+            if let Err(e) = self.fetch(start) {
+                self.next = None;
+                return Some(Err(e));
+            }
+        }
+        let row = self.page.pop_front()?;
+        Some(seq_of(&row, 0).and_then(|first_seq| Ok((first_seq, bytes_of(row, 1)?))))
+    }
+}
+
+/// A deletion's statements, inside the round's transaction.
+struct PgRemoval<'a> {
+    shared: &'a Shared,
+    conn: &'a Arc<Conn>,
+}
+
+impl PgRemoval<'_> {
+    fn rows(
+        &self,
+        work: impl FnOnce(
+            Arc<Conn>,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send>,
+        >,
+    ) -> std::result::Result<Vec<Row>, EngineError> {
+        self.shared
+            .runtime
+            .run(work(self.conn.clone()))?
+            .map_err(pg_error)
+    }
+}
+
+impl Removal for PgRemoval<'_> {
+    fn is_stored(&mut self, session: SessionId) -> std::result::Result<bool, EngineError> {
+        let id = uuid_of(session);
+        let rows =
+            self.rows(|c| Box::pin(async move { c.client.query(&c.st.next_seq, &[&id]).await }))?;
+        Ok(!rows.is_empty())
+    }
+
+    fn children(&mut self, parent: SessionId) -> std::result::Result<Vec<SessionId>, EngineError> {
+        let id = uuid_of(parent);
+        let rows =
+            self.rows(|c| Box::pin(async move { c.client.query(&c.st.children, &[&id]).await }))?;
+        rows.iter()
+            .map(|row| {
+                session_of(row, 0)
+                    .map_err(|e| EngineError::new(EngineErrorKind::Corrupted, e.to_string()))
+            })
+            .collect()
+    }
+
+    fn remove(&mut self, session: SessionId) -> std::result::Result<Removed, EngineError> {
+        let id = uuid_of(session);
+        self.rows(|c| Box::pin(async move { c.client.query(&c.st.remove_row, &[&id]).await }))?;
+        self.rows(|c| {
+            Box::pin(async move {
+                c.client
+                    .execute(&c.st.remove_index, &[&id])
+                    .await
+                    .map(|_| Vec::new())
+            })
+        })?;
+        let blocks = self
+            .rows(|c| Box::pin(async move { c.client.query(&c.st.remove_blocks, &[&id]).await }))?;
+        let mut removed = Removed::default();
+        for row in blocks {
+            let head: &[u8] = row.try_get(0).map_err(pg_error)?;
+            let len: i32 = row.try_get(1).map_err(pg_error)?;
+            removed.blocks += 1;
+            removed.events += block_count(head);
+            removed.bytes += u64::try_from(len).unwrap_or(0);
+        }
+        Ok(removed)
+    }
+}
+
+/// Creates the tables and meta rows in a database that has none, once among racing hosts.
+fn create_tables(shared: &Shared, client: &Arc<Client>) -> std::result::Result<(), EngineError> {
+    let id = Uuid::now_v7();
+    let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
+    on!(shared, client, |c| {
+        c.batch_execute("BEGIN").await?;
+        let work = async {
+            c.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
+                .await?;
+            let exists: bool = c
+                .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
+                .await?
+                .get(0);
+            if !exists {
+                c.batch_execute(CREATE).await?;
+                let insert = "INSERT INTO lineage_meta (name, value) VALUES ($1, $2)";
+                let rows: [(&str, &[u8]); 3] = [
+                    (META_MAGIC, MAGIC),
+                    (META_FORMAT, &version),
+                    (META_STORE_ID, id.as_bytes()),
+                ];
+                for (name, value) in rows {
+                    c.execute(insert, &[&name, &value]).await?;
+                }
+            }
+            c.batch_execute("COMMIT").await
+        };
+        match work.await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = c.batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    })?
+    .map_err(pg_error)
+}
+
+/// Checks the meta rows as redb's `meta` table is checked: the magic, a format version this
+/// build reads, a store id.
+fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<Uuid> {
+    let not_a_store = |reason: &str| StoreError::NotAStore {
+        path: shown.into(),
+        reason: reason.to_owned(),
+    };
+    let meta = meta.ok_or_else(|| not_a_store("it holds no Lineage tables"))?;
+    let get = |name: &str| {
+        meta.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    };
+    if get(META_MAGIC) != Some(MAGIC) {
+        return Err(not_a_store("its meta table lacks the Lineage magic"));
+    }
+    let version = get(META_FORMAT)
+        .and_then(|v| <[u8; 4]>::try_from(v).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| not_a_store("its meta table has no format version"))?;
+    let what = format!("store {shown}");
+    if version > STORE_FORMAT_VERSION {
+        return Err(StoreError::NewerFormat {
+            what,
+            found: version,
+            supported: STORE_FORMAT_VERSION,
+        });
+    }
+    if version < STORE_FORMAT_VERSION {
+        return Err(StoreError::OlderFormat {
+            what,
+            found: version,
+            supported: STORE_FORMAT_VERSION,
+        });
+    }
+    get(META_STORE_ID)
+        .and_then(|v| Uuid::from_slice(v).ok())
+        .ok_or_else(|| not_a_store("its meta table has no store id"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::engine::{is_url, redact};
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        assert_eq!(
+            redact("postgres://ann:secret@db.example:5432/lineage?sslmode=disable"),
+            "postgres://ann:***@db.example:5432/lineage?sslmode=disable"
+        );
+        assert_eq!(
+            redact("postgres://ann@db/lineage"),
+            "postgres://ann@db/lineage"
+        );
+        assert_eq!(redact("postgresql://db/lineage"), "postgresql://db/lineage");
+        assert!(is_url("postgresql://db/x") && is_url("postgres://db/x"));
+        assert!(!is_url("/var/lib/lineage/store.redb"));
+    }
+}

@@ -183,3 +183,23 @@ pub(crate) fn redact(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        assert_eq!(
+            redact("postgres://ann:secret@db.example:5432/lineage?sslmode=disable"),
+            "postgres://ann:***@db.example:5432/lineage?sslmode=disable"
+        );
+        assert_eq!(
+            redact("postgres://ann@db/lineage"),
+            "postgres://ann@db/lineage"
+        );
+        assert_eq!(redact("postgresql://db/lineage"), "postgresql://db/lineage");
+        assert!(is_url("postgresql://db/x") && is_url("postgres://db/x"));
+        assert!(!is_url("/var/lib/lineage/store.redb"));
+    }
+}

@@ -50,7 +50,7 @@ impl Store {
         }
         let child = spec.child;
         self.ensure_new(child)?;
-        self.flush(parent)?;
+        self.flush_before_read(parent)?;
         // A parent created but never written has no row: its header is its tail's, and it has no
         // events to inherit.
         let unwritten = {

@@ -54,7 +54,7 @@ ALTER TABLE lineage_blocks ALTER COLUMN value SET STORAGE EXTERNAL;
 ";
 
 /// Serializes creating the tables among hosts opening a new database at once.
-const CREATE_LOCK: i64 = 0x6c69_6e65_6167_65;
+const CREATE_LOCK: i64 = 0x006c_696e_6561_6765;
 
 /// How many blocks a read asks for at once (a few MiB): a scan holds about this much.
 const PAGE_BLOCKS: i64 = 256;
@@ -890,26 +890,4 @@ fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<Uuid>
     get(META_STORE_ID)
         .and_then(|v| Uuid::from_slice(v).ok())
         .ok_or_else(|| not_a_store("its meta table has no store id"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::engine::{is_url, redact};
-
-    #[test]
-    fn urls_are_shown_without_their_password() {
-        assert_eq!(
-            redact("postgres://ann:secret@db.example:5432/lineage?sslmode=disable"),
-            "postgres://ann:***@db.example:5432/lineage?sslmode=disable"
-        );
-        assert_eq!(
-            redact("postgres://ann@db/lineage"),
-            "postgres://ann@db/lineage"
-        );
-        assert_eq!(redact("postgresql://db/lineage"), "postgresql://db/lineage");
-        assert!(is_url("postgresql://db/x") && is_url("postgres://db/x"));
-        assert!(!is_url("/var/lib/lineage/store.redb"));
-    }
 }

@@ -159,12 +159,9 @@ fn stored_next_seq(
     sessions: &Table<u128, &[u8]>,
     session: SessionId,
 ) -> std::result::Result<Option<u64>, redb::Error> {
-    Ok(match sessions.get(session.as_u128())? {
-        None => None,
-        Some(row) => Some(
-            SessionRecord::decode(session, row.value()).map_or(u64::MAX, |record| record.next_seq),
-        ),
-    })
+    Ok(sessions.get(session.as_u128())?.map(|row| {
+        SessionRecord::decode(session, row.value()).map_or(u64::MAX, |record| record.next_seq)
+    }))
 }
 
 /// One transaction: each write whose session ends where it expects (its blocks, its row, a new

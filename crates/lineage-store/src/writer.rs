@@ -175,10 +175,11 @@ impl Queue {
         let mut asked = false;
         loop {
             let refused = match session {
+                // Ticket 0 is a tail with nothing admitted (one read again after a refusal).
                 Some(session) => state
                     .refused
                     .get(&session)
-                    .filter(|r| r.upto >= target)
+                    .filter(|r| target > 0 && r.upto >= target)
                     .map(|r| r.error(session)),
                 None => state
                     .refused

@@ -84,7 +84,20 @@ fn flushed(line: &str) -> Option<(SessionId, u64)> {
 #[test]
 fn killed_writers_lose_nothing_they_flushed() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sessions.lineage");
+    killed_writers_lose_nothing(&dir.path().join("sessions.lineage"), true);
+}
+
+/// The same kills with the store in PostgreSQL: a killed writer's open transaction is rolled back
+/// by the server, and what it committed is there.
+#[test]
+fn killed_postgres_writers_lose_nothing_they_flushed() {
+    let url = lineage_testkit::postgres::postgres().create_database();
+    killed_writers_lose_nothing(std::path::Path::new(&url), false);
+}
+
+/// `exclusive`: the store admits one writer at a time (a file), which is checked while each
+/// writer lives.
+fn killed_writers_lose_nothing(path: &std::path::Path, exclusive: bool) {
     let mut rng = SplitMix64::new(0x5eed_cafe);
     let mut session: Option<SessionId> = None;
     // Where the next writer continues: the balanced log's length and its next turn.
@@ -95,7 +108,7 @@ fn killed_writers_lose_nothing_they_flushed() {
         let seed = rng.next_u64();
         let mut helper = Helper::spawn(
             helper_command("crash_writer_child")
-                .env(STORE_VAR, &path)
+                .env(STORE_VAR, path)
                 .env(SEED_VAR, seed.to_string()),
         );
         let child = &mut helper.0;
@@ -120,11 +133,13 @@ fn killed_writers_lose_nothing_they_flushed() {
         }
         // While the writer lives, a second writer is refused and readers are not.
         if iteration % 4 == 0 {
-            match Store::open(&path) {
-                Err(StoreError::AlreadyOpen { path: named }) => assert_eq!(named, path),
-                other => panic!("a second writer beside a live one: {other:?}"),
+            if exclusive {
+                match Store::open(path) {
+                    Err(StoreError::AlreadyOpen { path: named }) => assert_eq!(named, path),
+                    other => panic!("a second writer beside a live one: {other:?}"),
+                }
             }
-            let reader = Store::open_read_only(&path).expect("a reader opens beside the writer");
+            let reader = Store::open_read_only(path).expect("a reader opens beside the writer");
             let listed = reader.list().expect("the reader lists");
             assert!(listed.len() == 1 && listed[0].len > seqs[0]);
         }
@@ -142,7 +157,7 @@ fn killed_writers_lose_nothing_they_flushed() {
         );
         let id = session.expect("a session was reported");
 
-        let store = Store::open(&path).expect("the store opens after the kill");
+        let store = Store::open(path).expect("the store opens after the kill");
         let info = store.info(id).unwrap();
         let highest = *seqs.last().unwrap();
         assert!(
@@ -180,7 +195,7 @@ fn killed_writers_lose_nothing_they_flushed() {
     }
 
     // A last writer continues after the final repair; its first batch lands right after it.
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(path).unwrap();
     let id = session.unwrap();
     let total = store.info(id).unwrap().len;
     assert_eq!(total, next_seq);

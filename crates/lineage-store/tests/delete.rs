@@ -25,6 +25,9 @@ struct Dump {
 
 impl Dump {
     fn of(path: &Path) -> Dump {
+        if let Some(url) = path.to_str().filter(|p| p.starts_with("postgres://")) {
+            return Dump::of_database(url);
+        }
         let db = raw_db(path);
         let txn = db.begin_read().unwrap();
         let mut dump = Dump::default();
@@ -38,6 +41,37 @@ impl Dump {
         }
         for entry in txn.open_table(CHILDREN).unwrap().iter().unwrap() {
             dump.children.push(entry.unwrap().0.value());
+        }
+        dump
+    }
+
+    /// The same tables of a PostgreSQL store.
+    fn of_database(url: &str) -> Dump {
+        let server = lineage_testkit::postgres::postgres();
+        let id = |s: &str| s.parse::<SessionId>().expect("a session id").as_u128();
+        let hex = |s: &str| -> Vec<u8> {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+                .collect()
+        };
+        let lines = |sql: &str| -> Vec<Vec<String>> {
+            server
+                .psql(url, sql)
+                .lines()
+                .map(|line| line.split('|').map(str::to_owned).collect())
+                .collect()
+        };
+        let mut dump = Dump::default();
+        for row in lines("SELECT id, encode(row, 'hex') FROM lineage_sessions") {
+            dump.rows.insert(id(&row[0]), hex(&row[1]));
+        }
+        for row in lines("SELECT session, first_seq, encode(value, 'hex') FROM lineage_blocks") {
+            let first_seq = row[1].parse().expect("a seq");
+            dump.blocks.insert((id(&row[0]), first_seq), hex(&row[2]));
+        }
+        for row in lines("SELECT parent, child FROM lineage_children ORDER BY parent, child") {
+            dump.children.push((id(&row[0]), id(&row[1])));
         }
         dump
     }
@@ -90,7 +124,9 @@ fn fork_spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
 /// `root` (3 turns) ← `child` (a fork, one more turn) ← `grandchild` (a fork of the child);
 /// `root` ← `spawned` (a fresh subagent, seed length 0); and `other` (3 turns) ← `other_fork`.
 struct Tree {
-    dir: tempfile::TempDir,
+    location: std::path::PathBuf,
+    /// Holds the store file of the redb engine.
+    _dir: tempfile::TempDir,
     root: SessionId,
     child: SessionId,
     grandchild: SessionId,
@@ -101,7 +137,7 @@ struct Tree {
 
 impl Tree {
     fn path(&self) -> std::path::PathBuf {
-        self.dir.path().join("tree.lineage")
+        self.location.clone()
     }
 
     fn open(&self) -> Store {
@@ -111,7 +147,7 @@ impl Tree {
 
 fn tree() -> Tree {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tree.lineage");
+    let path = store_location(dir.path());
     let store = Store::open_with(&path, small_blocks(4)).unwrap();
     let (root, h) = fresh();
     store.import(h, &completed_turns(3)).unwrap();
@@ -155,7 +191,8 @@ fn tree() -> Tree {
     assert_intact(&store.verify().unwrap());
     store.close().unwrap();
     Tree {
-        dir,
+        location: path.clone(),
+        _dir: dir,
         root,
         child,
         grandchild,
@@ -476,7 +513,7 @@ fn a_writer_killed_while_deleting_leaves_each_session_whole_or_gone() {
         return delete_until_killed(&path);
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("crash.lineage");
+    let path = store_location(dir.path());
     let store = Store::open_with(&path, small_blocks(8)).unwrap();
     let mut order = Vec::new();
     for _ in 0..CRASH_SESSIONS {
@@ -552,4 +589,17 @@ fn metadata_of_a_session_and_a_fork() {
         store.session_meta(SessionId::new()),
         Err(StoreError::UnknownSession { .. })
     ));
+}
+
+// Every test above runs on PostgreSQL too.
+on_postgres_too! {
+    delete_removes_a_leaf_whole_and_leaves_the_rest_byte_for_byte,
+    a_session_with_descendants_is_refused_by_default_naming_it_and_their_number,
+    subtree_delete_removes_every_descendant_in_one_commit,
+    a_session_a_live_writer_owns_is_refused_and_so_is_a_subtree_holding_one,
+    batches_admitted_before_a_delete_go_with_it_and_later_writes_are_refused,
+    unknown_sessions_and_read_only_stores_are_refused,
+    a_new_session_may_be_written_under_a_deleted_id,
+    a_writer_killed_while_deleting_leaves_each_session_whole_or_gone,
+    metadata_of_a_session_and_a_fork,
 }

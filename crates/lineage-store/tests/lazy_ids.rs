@@ -172,3 +172,14 @@ fn a_session_forked_from_while_unwritten_keeps_its_id() {
     assert!(!store.forget_unwritten(parent));
     assert_exists(store.create(parent_header), parent);
 }
+
+// Every test above runs on PostgreSQL too.
+on_postgres_too! {
+    a_created_but_unwritten_session_is_forgotten_and_its_id_created_again,
+    a_session_with_admitted_events_is_never_forgotten,
+    forgetting_a_stored_or_unknown_session_changes_nothing,
+    a_refused_first_batch_leaves_the_session_unwritten,
+    a_fork_of_a_created_but_unwritten_session_inherits_nothing,
+    a_fork_of_a_created_but_unwritten_session_refuses_any_boundary,
+    a_session_forked_from_while_unwritten_keeps_its_id,
+}

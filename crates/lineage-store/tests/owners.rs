@@ -87,7 +87,7 @@ fn load_flushes_what_the_owner_admitted_before_it_decides() {
 #[test]
 fn once_the_owner_lets_go_load_repairs_the_session() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("owned.lineage");
+    let path = store_location(dir.path());
     let (id, header) = fresh();
     {
         let store = Store::open(&path).unwrap();
@@ -106,7 +106,7 @@ fn once_the_owner_lets_go_load_repairs_the_session() {
 #[test]
 fn a_session_has_one_owner_and_read_only_handles_own_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("owned.lineage");
+    let path = store_location(dir.path());
     let store = Store::open(&path).unwrap();
     let (id, header) = fresh();
     store.import(header, &completed_turns(1)).unwrap();
@@ -121,4 +121,12 @@ fn a_session_has_one_owner_and_read_only_handles_own_nothing() {
     assert_eq!(again.session(), id);
     let reader = Store::open_read_only(&path).unwrap();
     assert!(matches!(reader.own(id), Err(StoreError::ReadOnly)));
+}
+
+// Every test above runs on PostgreSQL too.
+on_postgres_too! {
+    load_of_an_owned_session_mid_turn_is_refused_and_writes_nothing,
+    load_flushes_what_the_owner_admitted_before_it_decides,
+    once_the_owner_lets_go_load_repairs_the_session,
+    a_session_has_one_owner_and_read_only_handles_own_nothing,
 }

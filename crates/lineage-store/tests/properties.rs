@@ -181,7 +181,7 @@ proptest! {
         cut in any::<Index>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sessions.lineage");
+        let path = store_location(dir.path());
         let id = SessionId::new();
         let header = header_for(id, &log);
         {
@@ -404,4 +404,12 @@ proptest! {
 /// `body` at `seq`.
 fn at_seq(seq: u64, body: EventBody) -> Event {
     Event::new(seq, T0 as i64, body)
+}
+
+// The properties that are about the store's behaviour, not redb's pages, hold on PostgreSQL too.
+on_postgres_too! {
+    random_logs_written_to_a_file_reopen_identical,
+    a_refused_append_changes_nothing,
+    a_forks_seed_digest_is_the_parents_running_digest_at_the_boundary,
+    interleaved_sessions_sharing_group_commits_verify_ok,
 }

@@ -1,0 +1,310 @@
+//! What only a shared store has to prove: writers in several processes racing on one session, the
+//! tables' format version, and the log's round trips under random partitions in a database (the
+//! contract suite runs on PostgreSQL in the other test files).
+
+mod common;
+
+use std::io::{BufRead, Write};
+use std::process::Stdio;
+
+use common::*;
+use lineage_log::SessionId;
+use lineage_store::{STORE_FORMAT_VERSION, Store, StoreError};
+use lineage_testkit::postgres::postgres;
+use lineage_testkit::process::{Helper, after_marker, helper_command, report_line, wait_for_line};
+use lineage_testkit::{last_turn, realistic_session};
+use proptest::prelude::*;
+
+/// Names the database the racing writer opens; without it the helper does nothing.
+const URL_VAR: &str = "LINEAGE_RACE_URL";
+/// The session both writers append to.
+const SESSION_VAR: &str = "LINEAGE_RACE_SESSION";
+/// The writer's name, written into its turns.
+const NAME_VAR: &str = "LINEAGE_RACE_NAME";
+
+/// A writer that, at each `go` on stdin, appends one completed turn where its view of the
+/// session ends, and says whether it `won` (the new length) or `lost` (the conflict's expected
+/// and got seqs); after a loss it loads the session again.
+#[test]
+#[ignore = "helper process for the racing-writers test"]
+fn racing_writer_child() {
+    let (Ok(url), Ok(session), Ok(name)) = (
+        std::env::var(URL_VAR),
+        std::env::var(SESSION_VAR),
+        std::env::var(NAME_VAR),
+    ) else {
+        return;
+    };
+    let id: SessionId = session.parse().expect("a session id");
+    let store = Store::open(&url).expect("the writer opens the store");
+    let mut events = store.load(id).expect("the session loads").events;
+    report_line("race: ready");
+    for line in std::io::stdin().lock().lines() {
+        if line.expect("stdin reads") != "go" {
+            break;
+        }
+        let turn = completed_turn(
+            last_turn(&events) + 1,
+            events.len() as u64,
+            &format!("written by {name}"),
+        );
+        match store.append(id, &turn) {
+            Ok(()) => {
+                events.extend(turn);
+                report_line(&format!("race: won {}", events.len()));
+            }
+            Err(StoreError::SeqMismatch { expected, got, .. }) => {
+                events = store.load(id).expect("the session loads again").events;
+                report_line(&format!("race: lost {expected} {got}"));
+            }
+            Err(e) => panic!("{name}: an append failed otherwise than by a conflict: {e}"),
+        }
+    }
+}
+
+#[test]
+fn of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict() {
+    let url = postgres().create_database();
+    let (id, header) = fresh();
+    let store = Store::open(&url).unwrap();
+    store.import(header, &completed_turns(2)).unwrap();
+    let start = store.info(id).unwrap().len;
+
+    let mut writers: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let mut command = helper_command("racing_writer_child");
+            command
+                .env(URL_VAR, &url)
+                .env(SESSION_VAR, id.to_string())
+                .env(NAME_VAR, name)
+                .stdin(Stdio::piped());
+            let mut helper = Helper::spawn(&mut command);
+            let stdin = helper.0.stdin.take().expect("piped stdin");
+            let lines = helper.lines();
+            wait_for_line(&lines, |l| after_marker(l, "race: ready").map(drop));
+            (helper, stdin, lines)
+        })
+        .collect();
+
+    const ROUNDS: usize = 12;
+    let mut len = start;
+    let mut wins = [0usize; 2];
+    for round in 0..ROUNDS {
+        for (_, stdin, _) in &mut writers {
+            writeln!(stdin, "go").expect("the writer reads");
+        }
+        let outcomes: Vec<String> = writers
+            .iter()
+            .map(|(_, _, lines)| {
+                wait_for_line(lines, |l| after_marker(l, "race:").map(str::to_owned))
+            })
+            .collect();
+        let turn_len = completed_turn(1, 0, "").len() as u64;
+        let won: Vec<usize> = (0..2).filter(|&i| outcomes[i].starts_with("won")).collect();
+        assert_eq!(
+            won.len(),
+            1,
+            "round {round}: exactly one writer wins: {outcomes:?}"
+        );
+        let (winner, loser) = (won[0], 1 - won[0]);
+        let new_len = len + turn_len;
+        assert_eq!(outcomes[winner], format!("won {new_len}"), "round {round}");
+        // The loser's batch began where the session ended before the round; the store had moved
+        // on to where the winner left it.
+        assert_eq!(
+            outcomes[loser],
+            format!("lost {new_len} {len}"),
+            "round {round}: the conflict names the stored end and the batch's start"
+        );
+        wins[winner] += 1;
+        len = new_len;
+    }
+    for (helper, stdin, _) in writers {
+        drop(stdin);
+        let mut helper = helper;
+        assert!(helper.0.wait().expect("the writer exits").success());
+    }
+
+    let store = Store::open_read_only(&url).unwrap();
+    assert_eq!(store.info(id).unwrap().len, len);
+    assert_intact(&store.verify().unwrap());
+    // Every stored turn is one writer's whole: nothing of a losing batch was written.
+    let events = store.read_from(id, start).unwrap();
+    assert_eq!(events.len() as u64, len - start);
+    println!("racing writers: {ROUNDS} rounds, wins {wins:?}");
+}
+
+#[test]
+fn a_database_of_a_newer_or_older_store_format_is_refused_and_left_alone() {
+    let server = postgres();
+    let url = server.create_database();
+    let (_, header) = fresh();
+    let store = Store::open(&url).unwrap();
+    store.import(header, &completed_turns(1)).unwrap();
+    store.close().unwrap();
+    let set_version = |version: u32| {
+        let hex: String = version
+            .to_le_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        server.psql(
+            &url,
+            &format!("UPDATE lineage_meta SET value = '\\x{hex}' WHERE name = 'format_version'"),
+        );
+    };
+    set_version(STORE_FORMAT_VERSION + 1);
+    let before = store_contents(std::path::Path::new(&url));
+    for opened in [Store::open(&url), Store::open_read_only(&url)] {
+        match opened {
+            Err(StoreError::NewerFormat {
+                found,
+                supported,
+                what,
+            }) => {
+                assert_eq!(
+                    (found, supported),
+                    (STORE_FORMAT_VERSION + 1, STORE_FORMAT_VERSION)
+                );
+                assert!(what.contains(&url), "{what}");
+            }
+            other => panic!("expected NewerFormat, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        store_contents(std::path::Path::new(&url)),
+        before,
+        "nothing was written"
+    );
+    set_version(0);
+    assert!(matches!(
+        Store::open(&url),
+        Err(StoreError::OlderFormat { found: 0, .. })
+    ));
+    set_version(STORE_FORMAT_VERSION);
+    assert_eq!(Store::open(&url).unwrap().list().unwrap().len(), 1);
+}
+
+#[test]
+fn a_database_without_the_tables_is_not_a_store_to_a_reader_and_becomes_one_for_a_writer() {
+    let url = postgres().create_database();
+    match Store::open_read_only(&url) {
+        Err(StoreError::NotAStore { reason, .. }) => assert!(reason.contains("no Lineage tables")),
+        other => panic!("expected NotAStore, got {other:?}"),
+    }
+    let id = Store::open(&url).unwrap().store_id();
+    // A second writer, like every host after the first, opens the same store.
+    assert_eq!(Store::open(&url).unwrap().store_id(), id);
+    assert_eq!(Store::open_read_only(&url).unwrap().store_id(), id);
+}
+
+#[test]
+fn a_server_that_does_not_answer_is_named_without_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://ann:hunter2@127.0.0.1:{port}/nowhere");
+    match Store::open(&url) {
+        Err(StoreError::NotAStore { path, reason }) => {
+            let shown = path.display().to_string();
+            assert_eq!(
+                shown,
+                format!("postgres://ann:***@127.0.0.1:{port}/nowhere")
+            );
+            assert!(reason.contains("cannot connect"), "{reason}");
+            assert!(!reason.contains("hunter2"), "{reason}");
+        }
+        other => panic!("expected NotAStore, got {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    /// Realistic sessions cut into random batches (turns left open across them) read back identical, with the digests
+    /// redb computes, from one shared database (a session per case).
+    #[test]
+    fn random_partitions_read_back_identical_with_redbs_digests(
+        seed in any::<u64>(),
+        cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..12),
+    ) {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let url = URL.get_or_init(|| postgres().create_database());
+        let log = realistic_session(seed, 300);
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(log.len())).collect();
+        at.extend([0, log.len()]);
+        at.sort_unstable();
+        at.dedup();
+        let batches: Vec<_> = at.windows(2).map(|w| log[w[0]..w[1]].to_vec()).collect();
+        let (id, header) = fresh();
+        let shared = Store::open_with(url, small_blocks(16)).unwrap();
+        let file = mem_store_with(small_blocks(16));
+        for store in [&shared, &file] {
+            store.create(header.clone()).unwrap();
+            for batch in &batches {
+                store.append(id, batch).unwrap();
+            }
+        }
+        prop_assert_eq!(shared.read_from(id, 0).unwrap(), log.clone());
+        prop_assert_eq!(shared.info(id).unwrap(), file.info(id).unwrap());
+        prop_assert_eq!(shared.load(id).unwrap(), file.load(id).unwrap());
+        prop_assert_eq!(shared.session_bytes(id).unwrap(), file.session_bytes(id).unwrap());
+    }
+}
+
+#[test]
+fn a_conflict_fails_only_its_sessions_flushes_in_a_shared_round() {
+    let url = postgres().create_database();
+    let waits = lineage_store::StoreOptions {
+        commit_window: std::time::Duration::from_secs(3600),
+        ..lineage_store::StoreOptions::default()
+    };
+    let host = Store::open_with(&url, waits).unwrap();
+    let other = Store::open(&url).unwrap();
+    let (raced, raced_header) = fresh();
+    let (calm, calm_header) = fresh();
+    host.import(raced_header, &completed_turns(1)).unwrap();
+    host.import(calm_header, &completed_turns(1)).unwrap();
+    let len = host.info(raced).unwrap().len;
+
+    // Both of the host's batches wait for one round; meanwhile another host extends `raced`.
+    host.admit(raced, &completed_turn(2, len, "the host's"))
+        .unwrap();
+    host.admit(calm, &completed_turn(2, len, "the host's"))
+        .unwrap();
+    let theirs = completed_turn(2, len, "the other host's");
+    other.load(raced).unwrap();
+    other.append(raced, &theirs).unwrap();
+
+    match host.flush_all() {
+        Err(StoreError::SeqMismatch {
+            session,
+            expected,
+            got,
+            ..
+        }) => {
+            assert_eq!(
+                (session, expected, got),
+                (raced, len + theirs.len() as u64, len)
+            );
+        }
+        other => panic!("expected the conflict, got {other:?}"),
+    }
+    host.flush(calm)
+        .expect("the other session of the round is durable");
+    assert!(matches!(
+        host.flush(raced),
+        Err(StoreError::SeqMismatch { .. })
+    ));
+    assert_eq!(host.info(calm).unwrap().len, len + theirs.len() as u64);
+    // The raced session holds the other host's turn whole and nothing of the host's.
+    assert_eq!(host.read_from(raced, len).unwrap(), theirs);
+    // The host loads the session as stored and continues after it.
+    let loaded = host.load(raced).unwrap();
+    let next = completed_turn(3, loaded.events.len() as u64, "the host's, again");
+    host.append(raced, &next).unwrap();
+    assert_intact(&host.verify().unwrap());
+}

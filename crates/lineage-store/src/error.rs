@@ -192,6 +192,20 @@ pub enum StoreError {
         /// How many stored sessions descend from it.
         descendants: usize,
     },
+    /// [`crate::Store::copy_into`] found the session in the destination with another log than the
+    /// source's (another header or head digest, or another length).
+    #[error(
+        "cannot copy session {session}: the destination holds another log under its id \
+         ({destination_len} events there, {source_len} here)"
+    )]
+    CopyDiverged {
+        /// The session.
+        session: SessionId,
+        /// Its events in the source.
+        source_len: u64,
+        /// Its events in the destination.
+        destination_len: u64,
+    },
     /// [`crate::Store::delete`] of a session that a live writer in this process owns, or whose
     /// subtree holds one.
     #[error("cannot delete session {session}: {}", owned_phrase(*session, *owned))]

@@ -200,6 +200,7 @@ impl Store {
                 chain,
                 pending: Vec::new(),
                 last_ticket: 0,
+                verbatim: false,
             },
         );
         let ticket = queue.enqueue(&mut state, child, blocks);

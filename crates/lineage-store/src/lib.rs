@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod copy;
 mod create;
 mod delete;
 mod engine;
@@ -28,6 +29,7 @@ mod store;
 mod verify;
 mod writer;
 
+pub use copy::Copied;
 pub use delete::{DeleteRule, Deleted};
 pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;

@@ -606,6 +606,7 @@ impl Store {
                     chain: lineage_log::Chain::new(),
                     pending: Vec::new(),
                     last_ticket: 0,
+                    verbatim: false,
                 });
                 Ok(())
             }
@@ -820,6 +821,7 @@ impl Store {
             chain,
             pending: Vec::new(),
             last_ticket: 0,
+            verbatim: false,
         });
     }
 

@@ -46,6 +46,9 @@ pub(crate) struct Tail {
     pub pending: Vec<PendingBlock>,
     /// The ticket of the last batch admitted for this session.
     pub last_ticket: u64,
+    /// Whether its blocks are written as they are, never merged (a copied session keeps its
+    /// source's blocks byte for byte).
+    pub verbatim: bool,
 }
 
 #[derive(Debug, Default)]
@@ -227,6 +230,7 @@ struct Job {
     blocks: Vec<PendingBlock>,
     /// The session's last ticket when the job was taken.
     last_ticket: u64,
+    verbatim: bool,
 }
 
 impl Job {
@@ -240,7 +244,7 @@ impl Job {
             let mut j = i + 1;
             let mut count = first.count;
             let mut bytes = first.records.len();
-            while let Some(next) = self.blocks.get(j) {
+            while let Some(next) = self.blocks.get(j).filter(|_| !self.verbatim) {
                 if (count + next.count) as usize > options.block_events
                     || bytes + next.records.len() > options.block_bytes
                 {
@@ -337,6 +341,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                 revision: tail.revision + 1,
                 blocks: std::mem::take(&mut tail.pending),
                 last_ticket: tail.last_ticket,
+                verbatim: tail.verbatim,
             });
         }
         let deletions = std::mem::take(&mut state.deletions);

@@ -308,3 +308,77 @@ fn a_conflict_fails_only_its_sessions_flushes_in_a_shared_round() {
     host.append(raced, &next).unwrap();
     assert_intact(&host.verify().unwrap());
 }
+
+#[test]
+fn copy_from_a_file_to_a_database_and_back_is_byte_for_byte_and_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_path = dir.path().join("source.lineage");
+    let back_path = dir.path().join("back.lineage");
+    let url = postgres().create_database();
+    // Small blocks, several commits, a fork inside a block and a spawned grandchild: every block
+    // shape and the children index.
+    let ids = {
+        let source = Store::open_with(&source_path, small_blocks(5)).unwrap();
+        let (root, header) = fresh();
+        source.import(header, &completed_turns(3)).unwrap();
+        let len = source.info(root).unwrap().len;
+        source
+            .append(root, &completed_turn(4, len, "more"))
+            .unwrap();
+        let child = SessionId::new();
+        let spec = lineage_log::ForkSpec {
+            child,
+            boundary: Some(11),
+            time_ms: T0 + 9_000,
+            delegation_depth: 1,
+            agent_preset: None,
+        };
+        source.fork(root, &spec).unwrap();
+        let grandchild = SessionId::new();
+        source
+            .fork(
+                child,
+                &lineage_log::ForkSpec {
+                    child: grandchild,
+                    boundary: None,
+                    ..spec
+                },
+            )
+            .unwrap();
+        vec![root, child, grandchild]
+    };
+    let source = Store::open_read_only(&source_path).unwrap();
+    let database = Store::open(&url).unwrap();
+    let copied = source.copy_into(&database).unwrap();
+    assert_eq!(copied.copied, ids, "parents first");
+    assert!(copied.present.is_empty());
+    let back = Store::open(&back_path).unwrap();
+    assert_eq!(database.copy_into(&back).unwrap().copied, ids);
+    // Twice changes nothing.
+    let again = source.copy_into(&database).unwrap();
+    assert_eq!((again.copied.len(), again.present), (0, ids.clone()));
+    assert_intact(&database.verify().unwrap());
+    assert_intact(&back.verify().unwrap());
+    drop((database, back, source));
+
+    let original = Dump::of(&source_path);
+    assert_eq!(
+        Dump::of(std::path::Path::new(&url)),
+        original,
+        "the database's tables"
+    );
+    assert_eq!(Dump::of(&back_path), original, "the file copied back");
+
+    // Another log under a copied id is refused, naming the session, and nothing is written.
+    let stray = tempfile::tempdir().unwrap();
+    let stray_path = stray.path().join("stray.lineage");
+    let stray_store = Store::open(&stray_path).unwrap();
+    let header = lineage_log::Header::new(ids[0], T0).with_cwd("/elsewhere");
+    stray_store.import(header, &completed_turns(1)).unwrap();
+    let before = Dump::of(std::path::Path::new(&url));
+    match stray_store.copy_into(&Store::open(&url).unwrap()) {
+        Err(StoreError::CopyDiverged { session, .. }) => assert_eq!(session, ids[0]),
+        other => panic!("expected CopyDiverged, got {other:?}"),
+    }
+    assert_eq!(Dump::of(std::path::Path::new(&url)), before);
+}

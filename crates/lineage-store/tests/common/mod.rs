@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -344,4 +345,100 @@ pub fn raw_counts(path: &Path) -> (u64, u64) {
     let sessions = txn.open_table(SESSIONS).map_or(0, |t| t.len().unwrap());
     let blocks = txn.open_table(EVENTS).map_or(0, |t| t.len().unwrap());
     (sessions, blocks)
+}
+
+/// Every entry of the three session tables of a closed store, as raw bytes (a file's or a
+/// database's).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dump {
+    pub rows: BTreeMap<u128, Vec<u8>>,
+    pub blocks: BTreeMap<(u128, u64), Vec<u8>>,
+    pub children: Vec<(u128, u128)>,
+}
+
+impl Dump {
+    pub fn of(path: &Path) -> Dump {
+        if let Some(url) = path.to_str().filter(|p| p.starts_with("postgres://")) {
+            return Dump::of_database(url);
+        }
+        let db = raw_db(path);
+        let txn = db.begin_read().unwrap();
+        let mut dump = Dump::default();
+        for entry in txn.open_table(SESSIONS).unwrap().iter().unwrap() {
+            let (k, v) = entry.unwrap();
+            dump.rows.insert(k.value(), v.value().to_vec());
+        }
+        for entry in txn.open_table(EVENTS).unwrap().iter().unwrap() {
+            let (k, v) = entry.unwrap();
+            dump.blocks.insert(k.value(), v.value().to_vec());
+        }
+        for entry in txn.open_table(CHILDREN).unwrap().iter().unwrap() {
+            dump.children.push(entry.unwrap().0.value());
+        }
+        dump
+    }
+
+    /// The same tables of a PostgreSQL store.
+    fn of_database(url: &str) -> Dump {
+        let server = lineage_testkit::postgres::postgres();
+        let id = |s: &str| s.parse::<SessionId>().expect("a session id").as_u128();
+        let hex = |s: &str| -> Vec<u8> {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+                .collect()
+        };
+        let lines = |sql: &str| -> Vec<Vec<String>> {
+            server
+                .psql(url, sql)
+                .lines()
+                .map(|line| line.split('|').map(str::to_owned).collect())
+                .collect()
+        };
+        let mut dump = Dump::default();
+        for row in lines("SELECT id, encode(row, 'hex') FROM lineage_sessions") {
+            dump.rows.insert(id(&row[0]), hex(&row[1]));
+        }
+        for row in lines("SELECT session, first_seq, encode(value, 'hex') FROM lineage_blocks") {
+            let first_seq = row[1].parse().expect("a seq");
+            dump.blocks.insert((id(&row[0]), first_seq), hex(&row[2]));
+        }
+        for row in lines("SELECT parent, child FROM lineage_children ORDER BY parent, child") {
+            dump.children.push((id(&row[0]), id(&row[1])));
+        }
+        dump
+    }
+
+    /// Only what belongs to sessions other than `gone` (index entries naming them either way
+    /// included in `gone`'s part).
+    pub fn without(&self, gone: &[SessionId]) -> Dump {
+        let gone: Vec<u128> = gone.iter().map(|s| s.as_u128()).collect();
+        Dump {
+            rows: self
+                .rows
+                .iter()
+                .filter(|(k, _)| !gone.contains(k))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            blocks: self
+                .blocks
+                .iter()
+                .filter(|((s, _), _)| !gone.contains(s))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            children: self
+                .children
+                .iter()
+                .filter(|(p, c)| !gone.contains(p) && !gone.contains(c))
+                .copied()
+                .collect(),
+        }
+    }
+
+    pub fn holds_anything_of(&self, session: SessionId) -> bool {
+        let id = session.as_u128();
+        self.rows.contains_key(&id)
+            || self.blocks.keys().any(|(s, _)| *s == id)
+            || self.children.iter().any(|(p, c)| *p == id || *c == id)
+    }
 }

@@ -1,0 +1,155 @@
+//! Copying sessions between stores, whatever their engines: blocks and rows byte for byte.
+
+use std::collections::{BTreeMap, HashSet};
+
+use lineage_log::SessionId;
+
+use crate::layout::{Block, SessionRecord};
+use crate::read::read_log;
+use crate::store::{Store, guard};
+use crate::writer::{PendingBlock, Tail};
+use crate::{Result, StoreError};
+
+/// What [`Store::copy_into`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Copied {
+    /// The sessions written to the destination, parents before their children.
+    pub copied: Vec<SessionId>,
+    /// The sessions the destination already held, identical.
+    pub present: Vec<SessionId>,
+    /// The events of the copied sessions.
+    pub events: u64,
+}
+
+impl Store {
+    /// Copies every session of this store into `destination` (any engine to any engine), parents
+    /// before their children, each in one commit: the same blocks byte for byte and the same row
+    /// (header, length, head digest, revision), so digests and a fork's proof of its inheritance
+    /// hold there as here. Every source block's digest, the row against its blocks and the log's
+    /// rules are checked before a session is written.
+    ///
+    /// A session the destination already holds identically is left alone, so copying twice
+    /// changes nothing; one it holds otherwise (another log under the same id, or a shorter or
+    /// longer one) is refused with [`StoreError::CopyDiverged`], naming it, before anything of it
+    /// is written. A snapshot of this store is copied: commits made meanwhile are not.
+    pub fn copy_into(&self, destination: &Store) -> Result<Copied> {
+        destination.writable()?;
+        guard(|| {
+            let view = self.view()?;
+            let mut records = BTreeMap::new();
+            for (session, row) in view.rows()? {
+                records.insert(session, SessionRecord::decode(session, &row)?);
+            }
+            let mut copied = Copied::default();
+            for session in parents_first(&records) {
+                let record = &records[&session];
+                match destination.info(session) {
+                    Ok(there) => {
+                        let same = there.header == record.header
+                            && there.len == record.next_seq
+                            && there.head == record.head;
+                        if !same {
+                            return Err(StoreError::CopyDiverged {
+                                session,
+                                source_len: record.next_seq,
+                                destination_len: there.len,
+                            });
+                        }
+                        copied.present.push(session);
+                        continue;
+                    }
+                    Err(StoreError::UnknownSession { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                // The whole check of a load: digests, the row against the blocks, the rules.
+                let stored = read_log(&*view, session)?;
+                let mut blocks = Vec::new();
+                for block in view.blocks(session, 0)? {
+                    let (first_seq, value) = block?;
+                    let parsed = Block::parse(session, first_seq, &value)?;
+                    blocks.push(PendingBlock {
+                        first_seq,
+                        count: parsed.count,
+                        records: parsed.records.to_vec(),
+                        digest: parsed.digest,
+                    });
+                }
+                destination.write_copy(stored.record, stored.structure, stored.chain, blocks)?;
+                copied.events += record.next_seq;
+                copied.copied.push(session);
+            }
+            Ok(copied)
+        })
+    }
+
+    /// Writes a copied session, its blocks as they are and its row as the source's, durably.
+    fn write_copy(
+        &self,
+        record: SessionRecord,
+        structure: lineage_log::Structure,
+        chain: lineage_log::Chain,
+        blocks: Vec<PendingBlock>,
+    ) -> Result<()> {
+        let session = record.header.id;
+        let queue = &self.inner.queue;
+        let mut state = queue.lock();
+        if state.tails.contains_key(&session) {
+            return Err(StoreError::SessionExists { session });
+        }
+        if blocks.is_empty() {
+            // A stored session has at least one event; a row without blocks is not a session.
+            return Err(StoreError::CorruptHeader {
+                session,
+                reason: "the row records no events".into(),
+            });
+        }
+        state.tails.insert(
+            session,
+            Tail {
+                header: record.header,
+                row_written: false,
+                // The commit writes the next revision: the source's.
+                revision: record.revision.saturating_sub(1),
+                next_seq: record.next_seq,
+                structure,
+                chain,
+                pending: Vec::new(),
+                last_ticket: 0,
+                verbatim: true,
+            },
+        );
+        let ticket = queue.enqueue(&mut state, session, blocks);
+        queue.wait_durable(state, Some(session), ticket)
+    }
+}
+
+/// Every session, each after its parent when its parent is stored (so the destination's children
+/// index is written as the source's); otherwise in id order.
+fn parents_first(records: &BTreeMap<SessionId, SessionRecord>) -> Vec<SessionId> {
+    let mut children: BTreeMap<SessionId, Vec<SessionId>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for (&session, record) in records {
+        match record.header.parent {
+            Some(parent) if records.contains_key(&parent) && parent != session => {
+                children.entry(parent).or_default().push(session);
+            }
+            _ => roots.push(session),
+        }
+    }
+    let mut order = Vec::with_capacity(records.len());
+    let mut seen = HashSet::new();
+    let mut next = 0;
+    order.extend(roots.iter().copied());
+    seen.extend(roots);
+    while next < order.len() {
+        for &child in children.get(&order[next]).into_iter().flatten() {
+            if seen.insert(child) {
+                order.push(child);
+            }
+        }
+        next += 1;
+    }
+    // Sessions on a cycle of parents (damage) are reached from no root: copied last, as they are.
+    order.extend(records.keys().filter(|s| !seen.contains(s)));
+    order
+}

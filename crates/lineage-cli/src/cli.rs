@@ -92,6 +92,10 @@ pub enum Command {
     /// Delete root sessions (each with its whole subtree) whose last activity is older than a
     /// limit, or beyond the N most recently active; then verify the store.
     Prune(PruneArgs),
+    /// Copy every session from one store to another (a file or a postgres:// URL, either way),
+    /// blocks byte for byte, checking digests here and verifying there; sessions already copied
+    /// are left alone.
+    Copy(CopyArgs),
     /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
     /// result (no network: the models are scripted).
     Demo(DemoArgs),
@@ -222,6 +226,20 @@ pub struct LsArgs {
     /// List only sessions with this tag (repeatable: every one must match).
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     pub tags: Vec<String>,
+    /// Output format.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// Arguments of `copy`.
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// The store to copy from (read-only, so a host may be writing to it).
+    #[arg(value_name = "SRC")]
+    pub source: PathBuf,
+    /// The store to copy to, created if missing (opened for writing: no host may hold a file).
+    #[arg(value_name = "DST")]
+    pub destination: PathBuf,
     /// Output format.
     #[command(flatten)]
     pub output: Output,

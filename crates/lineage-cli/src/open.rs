@@ -24,11 +24,13 @@ pub struct Opened {
 
 /// Opens the store at `path` read-only, so it works while a host has the file open for writing.
 ///
-/// The path must name an existing file: a missing one is reported, never created.
+/// The path must name an existing file (a missing one is reported, never created), or be a
+/// `postgres://` URL of a database that holds a store.
 pub fn open(path: &Path) -> Result<Opened, CliError> {
-    let shown = path.display();
     check_file(path)?;
-    let store = Store::open_read_only(path).map_err(|e| CliError::opening(path, e))?;
+    let shown_path = PathBuf::from(lineage_store::display_location(path));
+    let shown = shown_path.display();
+    let store = Store::open_read_only(path).map_err(|e| CliError::opening(&shown_path, e))?;
     if store.awaits_recovery() {
         note(format!(
             "{shown} awaits recovery by its next writer (a writer stopped without closing it); \
@@ -37,7 +39,7 @@ pub fn open(path: &Path) -> Result<Opened, CliError> {
     }
     Ok(Opened {
         store,
-        path: path.to_owned(),
+        path: shown_path.clone(),
     })
 }
 
@@ -47,21 +49,29 @@ pub fn open(path: &Path) -> Result<Opened, CliError> {
 /// that is said in one sentence, exit 3.
 pub fn open_writable(path: &Path) -> Result<Opened, CliError> {
     check_file(path)?;
+    open_for_writing(path)
+}
+
+/// Opens the store at `path` for writing, creating it if it does not exist (a file) or has no
+/// tables yet (a database).
+pub fn open_for_writing(path: &Path) -> Result<Opened, CliError> {
+    let shown = PathBuf::from(lineage_store::display_location(path));
     let store = Store::open(path).map_err(|e| match e {
         StoreError::AlreadyOpen { .. } => CliError::CannotOpen(format!(
             "{} is open for writing by another process (a running host): stop it, then try again",
-            path.display()
+            shown.display()
         )),
-        e => CliError::opening(path, e),
+        e => CliError::opening(&shown, e),
     })?;
-    Ok(Opened {
-        store,
-        path: path.to_owned(),
-    })
+    Ok(Opened { store, path: shown })
 }
 
-/// Refuses a path that is missing, a directory or an empty file, before any open.
+/// Refuses a path that is missing, a directory or an empty file, before any open. A database URL
+/// is the server's to refuse.
 fn check_file(path: &Path) -> Result<(), CliError> {
+    if lineage_store::is_database_url(path) {
+        return Ok(());
+    }
     let shown = path.display();
     match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

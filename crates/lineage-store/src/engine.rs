@@ -162,6 +162,21 @@ pub(crate) fn block_count(value: &[u8]) -> u64 {
         .map_or(0, |b| u64::from(u32::from_le_bytes(b)))
 }
 
+/// Whether a store's location (a path, as [`crate::Store::open`] takes it) names a PostgreSQL
+/// database rather than a file.
+pub fn is_database_url(location: &std::path::Path) -> bool {
+    location.to_str().is_some_and(is_url)
+}
+
+/// A store's location as messages show it: a file's path, or a database URL with its password
+/// masked.
+pub fn display_location(location: &std::path::Path) -> String {
+    match location.to_str().filter(|l| is_url(l)) {
+        Some(url) => redact(url),
+        None => location.display().to_string(),
+    }
+}
+
 /// Whether a store's location names a PostgreSQL database rather than a file.
 pub(crate) fn is_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")

@@ -13,6 +13,7 @@ use crate::cli::Command;
 use crate::error::CliError;
 use crate::open::Opened;
 
+mod copy;
 mod export;
 mod fold;
 mod import;
@@ -42,6 +43,7 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Rm(args) => rm::run(&args, out),
         Command::Tag(args) => tag::run(&args, out),
         Command::Prune(args) => prune::run(&args, out),
+        Command::Copy(args) => copy::run(&args, out),
         Command::Demo(args) => crate::demo::run(&args, out),
         // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the
         // session id of `--json` goes nowhere.

@@ -1,0 +1,62 @@
+//! `lineage copy`: every session of one store into another, either engine to either engine.
+//!
+//! The source is opened read-only (a host may be writing to it: a snapshot is copied), the
+//! destination for writing and created if missing. Each session is checked as a load checks it
+//! before it is written, the destination is verified afterwards, and a session the destination
+//! already holds identically is left alone, so running the copy again changes nothing.
+
+use std::io::Write;
+
+use lineage_store::StoreError;
+use serde_json::json;
+
+use super::lifecycle::Verified;
+use super::write_json;
+use crate::cli::CopyArgs;
+use crate::error::{CliError, EXIT_OK, EXIT_PROBLEMS};
+use crate::open::{open, open_for_writing};
+
+/// Copies `args.source` into `args.destination`; exit 1 when the destination's verify finds
+/// problems afterwards.
+pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
+    let source = open(&args.source)?;
+    let destination = open_for_writing(&args.destination)?;
+    let copied = source
+        .store
+        .copy_into(&destination.store)
+        .map_err(|e| match e {
+            e @ StoreError::CopyDiverged { .. } => CliError::Refused(format!(
+                "{e} ({} is left as it was for that session)",
+                destination.path.display()
+            )),
+            e => source.fail(e),
+        })?;
+    let verified = Verified::run(&destination)?;
+    if args.output.json {
+        write_json(
+            out,
+            &json!({
+                "copied": copied.copied.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "present": copied.present.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "events": copied.events,
+                "verify": verified.json(),
+            }),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "copied {} session(s), {} events, from {} to {}; {} already there",
+            copied.copied.len(),
+            copied.events,
+            source.path.display(),
+            destination.path.display(),
+            copied.present.len()
+        )?;
+        verified.write(out)?;
+    }
+    Ok(if verified.problems() == 0 {
+        EXIT_OK
+    } else {
+        EXIT_PROBLEMS
+    })
+}

@@ -1,0 +1,143 @@
+//! `lineage` with a store in PostgreSQL: `copy` between a file and a database both ways, and the
+//! read-only commands against a `postgres://` URL while a host writes to it.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{run, s};
+use lineage_log::{Event, ForkSpec, Header, SessionId};
+use lineage_store::Store;
+use lineage_testkit::ev;
+use lineage_testkit::postgres::postgres;
+
+const T0: i64 = 1_750_000_000_000;
+
+fn turn(turn: u32, first_seq: u64) -> Vec<Event> {
+    let n = u64::from(turn) * 2;
+    ev::numbered(
+        first_seq,
+        T0 + first_seq as i64 * 1_000,
+        1_000,
+        ev::completed_turn(turn, ev::mid(n), "question", ev::mid(n + 1), "answer"),
+    )
+}
+
+/// A root with two turns and a fork of it, in the store at `location`.
+fn two_sessions(location: &Path) -> (SessionId, SessionId) {
+    let store = Store::open(location).unwrap();
+    let root = SessionId::new();
+    let header = Header::new(root, T0 as u64).with_cwd("/work/project");
+    let mut log = turn(1, 0);
+    log.extend(turn(2, log.len() as u64));
+    store.import(header, &log).unwrap();
+    let child = SessionId::new();
+    let spec = ForkSpec {
+        child,
+        boundary: None,
+        time_ms: T0 as u64 + 60_000,
+        delegation_depth: 1,
+        agent_preset: None,
+    };
+    store.fork(root, &spec).unwrap();
+    store.close().unwrap();
+    (root, child)
+}
+
+#[test]
+fn copy_moves_every_session_into_a_database_and_back_and_a_second_copy_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sessions.lineage");
+    let back = dir.path().join("back.lineage");
+    let (root, child) = two_sessions(&file);
+    let url = postgres().create_database();
+
+    let first = run(&["copy", s(&file), &url, "--json"]).ok().json();
+    let ids = [root.to_string(), child.to_string()];
+    assert_eq!(first["copied"], serde_json::json!(ids), "{first}");
+    assert_eq!(first["verify"]["ok"], true, "{first}");
+    let second = run(&["copy", s(&file), &url, "--json"]).ok().json();
+    assert_eq!(second["copied"], serde_json::json!([]), "{second}");
+    assert_eq!(second["present"], serde_json::json!(ids), "{second}");
+
+    let text = run(&["copy", &url, s(&back)]).ok().stdout;
+    assert!(text.contains("copied 2 session(s)"), "{text}");
+    assert!(text.contains("verify: ok, 2 sessions intact"), "{text}");
+    // The three stores read the same, session by session and event by event.
+    for session in &ids {
+        let original = run(&["export", s(&file), session]).ok().stdout;
+        assert_eq!(run(&["export", &url, session]).ok().stdout, original);
+        assert_eq!(run(&["export", s(&back), session]).ok().stdout, original);
+    }
+    let listed = |location: &str| run(&["ls", location, "--json"]).ok().stdout;
+    assert_eq!(listed(&url), listed(s(&file)));
+    assert_eq!(listed(s(&back)), listed(s(&file)));
+}
+
+#[test]
+fn the_read_only_commands_follow_a_database_while_a_host_writes() {
+    let url = postgres().create_database();
+    let store = Store::open(&url).unwrap();
+    let root = SessionId::new();
+    store
+        .import(
+            Header::new(root, T0 as u64).with_cwd("/work/project"),
+            &turn(1, 0),
+        )
+        .unwrap();
+    let id = root.to_string();
+
+    // The host keeps appending turns while the commands run.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let host = scope.spawn(|| {
+            let mut turns = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let len = store.info(root).unwrap().len;
+                turns += 1;
+                store.append(root, &turn(turns, len)).unwrap();
+            }
+            turns
+        });
+        let mut seen = 0;
+        for _ in 0..3 {
+            let ls = run(&["ls", &url, "--json"]).ok().json();
+            let events = ls[0]["events"]
+                .as_u64()
+                .expect("ls gives the session's events");
+            assert!(events >= seen, "a later listing never shows fewer events");
+            seen = events;
+            let shown = run(&["show", &url, &id]).ok().stdout;
+            assert!(shown.contains("turn/end"), "{shown}");
+            run(&["tail", &url, &id, "-n", "3"]).ok();
+            run(&["tree", &url]).ok();
+            run(&["stats", &url]).ok();
+            let verified = run(&["verify", &url, "--json"]).ok().json();
+            assert_eq!(verified["ok"], true, "{verified}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let turns = host.join().unwrap();
+        assert!(turns > 1, "the host wrote while the commands ran");
+    });
+    let listed = run(&["ls", &url, "--json"]).ok().json();
+    assert_eq!(listed[0]["events"], store.info(root).unwrap().len);
+}
+
+#[test]
+fn a_database_url_is_shown_without_its_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://ann:hunter2@127.0.0.1:{port}/nowhere");
+    let failed = run(&["ls", &url]);
+    assert_ne!(failed.code, 0);
+    assert!(
+        failed.stderr.contains("ann:***@127.0.0.1"),
+        "{}",
+        failed.stderr
+    );
+    assert!(!failed.stderr.contains("hunter2"), "{}", failed.stderr);
+}

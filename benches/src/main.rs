@@ -81,16 +81,30 @@ fn main() {
     let runs = if config.quick { 3 } else { 7 };
     let largest = config.sizes.iter().copied().max().unwrap_or(1_000);
 
+    let mut on_postgres = Vec::new();
     for &size in &config.sizes {
         eprintln!("building the {size}-event fixture");
         let fixture = Fixture::build(size, 42);
-        measure_replay(&fixture, size == largest, runs, &mut rows, &mut kinds);
-        if size == 100_000 || (config.quick && size == largest) {
-            measure_fork(&fixture, runs, &mut rows);
+        let replayed = measure_replay(&fixture, size == largest, runs, &mut rows, &mut kinds);
+        let forked =
+            (size == 100_000 || size == largest).then(|| measure_fork(&fixture, runs, &mut rows));
+        if size == largest {
+            on_postgres.push((fixture, replayed, forked));
         }
     }
-    measure_append(config.quick, &mut rows);
+    let appended = measure_append(config.quick, &mut rows);
     measure_listing(config.quick, &mut rows);
+    for (fixture, replayed, forked) in &on_postgres {
+        measure_postgres(
+            fixture,
+            replayed,
+            *forked,
+            &appended,
+            config.quick,
+            runs,
+            &mut rows,
+        );
+    }
 
     print!("{}", table(&rows, "Lineage"));
     let json = json!({
@@ -109,13 +123,21 @@ fn label(size: usize) -> String {
     }
 }
 
+/// The redb engine's and SQLite's figures of one session, which the PostgreSQL rows compare with.
+struct Replayed {
+    cold: Duration,
+    sqlite_cold: Duration,
+    tail: Duration,
+    sqlite_tail: Duration,
+}
+
 fn measure_replay(
     fixture: &Fixture,
     largest: bool,
     runs: usize,
     rows: &mut Vec<Row>,
     kinds: &mut Vec<Value>,
-) {
+) -> Replayed {
     let n = fixture.events.len();
     let size = label(n);
     let session = fixture.session;
@@ -234,6 +256,12 @@ fn measure_replay(
             }));
         }
     }
+    Replayed {
+        cold: lineage,
+        sqlite_cold: sqlite,
+        tail: lineage_tail,
+        sqlite_tail,
+    }
 }
 
 /// Loads the session with `what` in `runs` fresh processes: the median load time and the largest
@@ -281,7 +309,8 @@ fn run_child() -> bool {
     let start = Instant::now();
     // The events stay alive until the time is taken: freeing them is not part of a load.
     let events: Vec<Event> = match what.as_str() {
-        "lineage" => {
+        // The path is a postgres:// URL for the PostgreSQL engine.
+        "lineage" | "postgres" => {
             let store = Store::open(&path).expect("open");
             store.load(session).expect("load").events
         }
@@ -300,7 +329,9 @@ fn run_child() -> bool {
     true
 }
 
-fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) {
+/// Forks the fixture's session at its last completed turn in each contender; returns the redb
+/// engine's and SQLite's median times.
+fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) -> (Duration, Duration) {
     let n = fixture.events.len();
     let size = label(n);
     eprintln!("fork, {size} events");
@@ -312,16 +343,7 @@ fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) {
     let store = Store::open(&path).expect("open");
     let lineage = time(runs, || {
         store
-            .fork(
-                fixture.session,
-                &ForkSpec {
-                    child: SessionId::new(),
-                    boundary: Some(boundary),
-                    time_ms: 1_780_000_000_000,
-                    delegation_depth: 1,
-                    agent_preset: None,
-                },
-            )
+            .fork(fixture.session, &fork_spec(boundary))
             .expect("fork")
     });
     let db = dir.path().join("fork.sqlite");
@@ -351,10 +373,38 @@ fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) {
         row.target = Some(("≤ 50 ms".into(), row.lineage <= 50.0));
     }
     rows.push(row);
+    (lineage.median, sqlite.median)
 }
 
-fn measure_append(quick: bool, rows: &mut Vec<Row>) {
+/// The fork [`measure_fork`] times: a new child at the last completed turn.
+fn fork_spec(boundary: u64) -> ForkSpec {
+    ForkSpec {
+        child: SessionId::new(),
+        boundary: Some(boundary),
+        time_ms: 1_780_000_000_000,
+        delegation_depth: 1,
+        agent_preset: None,
+    }
+}
+
+/// The redb engine's and SQLite's append rates, which the PostgreSQL rows compare with.
+struct Appended {
+    batches: f64,
+    sqlite_batches: f64,
+    single: f64,
+    sqlite_single: f64,
+    group: f64,
+}
+
+/// The appends [`measure_append`] times: a realistic session, and how many of its events go one
+/// per commit.
+fn append_workload(quick: bool) -> (Vec<Event>, usize) {
     let events = lineage_testkit::realistic_session(7, if quick { 4_000 } else { 100_000 });
+    (events, if quick { 50 } else { 1_000 })
+}
+
+fn measure_append(quick: bool, rows: &mut Vec<Row>) -> Appended {
+    let (events, singles) = append_workload(quick);
     let dir = tempfile::tempdir().expect("dir");
     eprintln!("durable append, 512-event batches");
     let batches: Vec<&[Event]> = events.chunks(512).collect();
@@ -399,7 +449,6 @@ fn measure_append(quick: bool, rows: &mut Vec<Row>) {
     });
 
     eprintln!("durable append, single events");
-    let singles = if quick { 50 } else { 1_000 };
     let id = SessionId::new();
     store.create(header(id)).expect("create");
     let start = Instant::now();
@@ -466,6 +515,166 @@ fn measure_append(quick: bool, rows: &mut Vec<Row>) {
         unit: "events/s",
         lineage: group,
         others: vec![("Lineage, one session", lineage_single)],
+        target: None,
+        higher_is_better: true,
+    });
+    Appended {
+        batches: lineage,
+        sqlite_batches: sqlite_rate,
+        single: lineage_single,
+        sqlite_single,
+        group,
+    }
+}
+
+/// Appends `events` to a new session of `store`, 512 at a time, each batch durable; events/s.
+fn append_batches(store: &Store, events: &[Event]) -> f64 {
+    let id = SessionId::new();
+    store
+        .create(Header::new(id, 1_780_000_000_000))
+        .expect("create");
+    let start = Instant::now();
+    for batch in events.chunks(512) {
+        store.append(id, batch).expect("append");
+    }
+    events.len() as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `writers` new sessions of `store` each appending `events` one per durable commit, at once;
+/// events/s over all of them.
+fn append_singles(store: &Store, events: &[Event], writers: usize) -> f64 {
+    let ids: Vec<SessionId> = (0..writers).map(|_| SessionId::new()).collect();
+    for &id in &ids {
+        store
+            .create(Header::new(id, 1_780_000_000_000))
+            .expect("create");
+    }
+    let barrier = Barrier::new(writers + 1);
+    let elapsed = std::thread::scope(|scope| {
+        let handles: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    for event in events {
+                        store
+                            .append(id, std::slice::from_ref(event))
+                            .expect("append");
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        for handle in handles {
+            handle.join().expect("writer");
+        }
+        start.elapsed()
+    });
+    (writers * events.len()) as f64 / elapsed.as_secs_f64()
+}
+
+/// The PostgreSQL engine beside the redb engine and SQLite, in the same run: a private server on
+/// loopback (started here, stopped when the process ends), the largest session copied in.
+fn measure_postgres(
+    fixture: &Fixture,
+    replayed: &Replayed,
+    forked: Option<(Duration, Duration)>,
+    appended: &Appended,
+    quick: bool,
+    runs: usize,
+    rows: &mut Vec<Row>,
+) {
+    let n = fixture.events.len();
+    let size = label(n);
+    let session = fixture.session;
+    eprintln!("PostgreSQL: starting a private server");
+    let server = lineage_testkit::postgres::postgres();
+    let url = server.create_database();
+    let store = Store::open(&url).expect("open the database");
+    eprintln!("PostgreSQL: copying the {size}-event session in");
+    let source = Store::open_read_only(&fixture.lineage).expect("open read-only");
+    source.copy_into(&store).expect("copy");
+
+    let (cold, _) = cold_load("postgres", Path::new(&url), session, runs);
+    let mut row = Row::time(
+        format!("PostgreSQL engine: cold load in a fresh process, {size} events"),
+        cold,
+        vec![
+            ("Lineage on redb", replayed.cold),
+            ("SQLite", replayed.sqlite_cold),
+        ],
+    );
+    if n >= 1_000_000 {
+        let ok = row.lineage <= 4.0 * row.others[0].1;
+        row.target = Some(("≤ 4× the redb engine".into(), ok));
+    }
+    rows.push(row);
+
+    let from = n.saturating_sub(50) as u64;
+    let tail = time_per_call(Duration::from_millis(300), 20, || {
+        store.read_from(session, from).expect("tail")
+    });
+    rows.push(Row {
+        figure: format!("PostgreSQL engine: tail read of 50 events, {size} events"),
+        unit: "µs",
+        lineage: tail.as_secs_f64() * 1e6,
+        others: vec![
+            ("Lineage on redb", replayed.tail.as_secs_f64() * 1e6),
+            ("SQLite", replayed.sqlite_tail.as_secs_f64() * 1e6),
+        ],
+        target: Some(("≤ 1 ms".into(), tail <= Duration::from_millis(1))),
+        higher_is_better: false,
+    });
+
+    if let Some((redb_fork, sqlite_fork)) = forked {
+        let boundary = fixture.last_turn_end();
+        let fork = time(runs, || {
+            store.fork(session, &fork_spec(boundary)).expect("fork")
+        });
+        rows.push(Row::time(
+            format!("PostgreSQL engine: fork at the last completed turn, {size} events"),
+            fork.median,
+            vec![("Lineage on redb", redb_fork), ("SQLite", sqlite_fork)],
+        ));
+    }
+
+    eprintln!("PostgreSQL: durable appends");
+    let (events, singles) = append_workload(quick);
+    let batches = append_batches(&store, &events);
+    rows.push(Row {
+        figure: "PostgreSQL engine: durable append, 512-event batches".into(),
+        unit: "events/s",
+        lineage: batches,
+        others: vec![
+            ("Lineage on redb", appended.batches),
+            ("SQLite", appended.sqlite_batches),
+        ],
+        target: Some(("≥ 200k events/s".into(), batches >= 200_000.0)),
+        higher_is_better: true,
+    });
+    let single = append_singles(&store, &events[..singles], 1);
+    rows.push(Row {
+        figure: "PostgreSQL engine: durable append, one event per commit".into(),
+        unit: "events/s",
+        lineage: single,
+        others: vec![
+            ("Lineage on redb", appended.single),
+            ("SQLite", appended.sqlite_single),
+        ],
+        target: None,
+        higher_is_better: true,
+    });
+    let group = append_singles(&store, &events[..singles], 8);
+    rows.push(Row {
+        figure: "PostgreSQL engine: group commit, 8 sessions appending one event per commit".into(),
+        unit: "events/s",
+        lineage: group,
+        others: vec![
+            ("Lineage on redb", appended.group),
+            ("PostgreSQL, one session", single),
+        ],
         target: None,
         higher_is_better: true,
     });

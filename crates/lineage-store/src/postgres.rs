@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
 use lineage_log::SessionId;
@@ -263,20 +264,36 @@ impl Shared {
     fn prepare(&self, client: Client) -> std::result::Result<Arc<Conn>, EngineError> {
         self.runtime
             .run(async move {
+                // Sent together: one round trip's wait, not thirteen.
+                let prepared = tokio::join!(
+                    client.prepare(ROW),
+                    client.prepare(ROWS),
+                    client.prepare(BLOCKS),
+                    client.prepare(BLOCK_START),
+                    client.prepare(CHILDREN),
+                    client.prepare(CHILD_INDEX),
+                    client.prepare(DESCENDANTS),
+                    client.prepare(NEXT_SEQ),
+                    client.prepare(CREATE_SESSION),
+                    client.prepare(EXTEND_SESSION),
+                    client.prepare(REMOVE_ROW),
+                    client.prepare(REMOVE_INDEX),
+                    client.prepare(REMOVE_BLOCKS),
+                );
                 let st = Statements {
-                    row: client.prepare(ROW).await?,
-                    rows: client.prepare(ROWS).await?,
-                    blocks: client.prepare(BLOCKS).await?,
-                    block_start: client.prepare(BLOCK_START).await?,
-                    children: client.prepare(CHILDREN).await?,
-                    child_index: client.prepare(CHILD_INDEX).await?,
-                    descendants: client.prepare(DESCENDANTS).await?,
-                    next_seq: client.prepare(NEXT_SEQ).await?,
-                    create_session: client.prepare(CREATE_SESSION).await?,
-                    extend_session: client.prepare(EXTEND_SESSION).await?,
-                    remove_row: client.prepare(REMOVE_ROW).await?,
-                    remove_index: client.prepare(REMOVE_INDEX).await?,
-                    remove_blocks: client.prepare(REMOVE_BLOCKS).await?,
+                    row: prepared.0?,
+                    rows: prepared.1?,
+                    blocks: prepared.2?,
+                    block_start: prepared.3?,
+                    children: prepared.4?,
+                    child_index: prepared.5?,
+                    descendants: prepared.6?,
+                    next_seq: prepared.7?,
+                    create_session: prepared.8?,
+                    extend_session: prepared.9?,
+                    remove_row: prepared.10?,
+                    remove_index: prepared.11?,
+                    remove_blocks: prepared.12?,
                 };
                 Ok(Arc::new(Conn { client, st }))
             })?
@@ -492,18 +509,12 @@ impl WriteParams {
 
 impl Engine for PgEngine {
     fn view(&self) -> Result<Box<dyn View>> {
-        let storage = StoreError::Storage;
-        let conn = self.shared.idle().map_err(storage)?;
-        on!(self.shared, &conn, |c| c
-            .client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await)
-        .map_err(storage)?
-        .map_err(|e| storage(pg_error(e)))?;
+        let conn = self.shared.idle().map_err(StoreError::Storage)?;
         Ok(Box::new(PgView {
             held: Arc::new(Held {
                 shared: self.shared.clone(),
                 conn,
+                begun: AtomicBool::new(false),
             }),
         }))
     }
@@ -556,19 +567,25 @@ impl Engine for PgEngine {
     }
 }
 
-/// A read view's connection, inside its transaction until the last of the view and its block
-/// iterators is dropped; then rolled back and pooled.
+/// A read view's connection, inside its transaction (begun with its first query) until the last
+/// of the view and its block iterators is dropped; then rolled back and pooled.
 struct Held {
     shared: Arc<Shared>,
     conn: Arc<Conn>,
+    begun: AtomicBool,
 }
+
+/// A view's transaction: one snapshot for all its reads.
+const BEGIN_VIEW: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
 impl Drop for Held {
     fn drop(&mut self) {
         let conn = self.conn.clone();
         let pool = self.shared.pool.clone();
+        let begun = *self.begun.get_mut();
         self.shared.runtime.handle.spawn(async move {
-            if conn.client.batch_execute("ROLLBACK").await.is_ok() {
+            let ended = !begun || conn.client.batch_execute("ROLLBACK").await.is_ok();
+            if ended {
                 let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
                 if pool.len() < 8 {
                     pool.push(conn);
@@ -588,9 +605,19 @@ impl Held {
         >,
     ) -> Result<Vec<Row>> {
         let future = work(self.conn.clone());
+        let begin = !self.begun.swap(true, Ordering::AcqRel);
+        let conn = self.conn.clone();
         self.shared
             .runtime
-            .run(future)
+            .run(async move {
+                if !begin {
+                    return future.await;
+                }
+                // The transaction's start goes out with the first query, in order, in one
+                // round trip.
+                let (began, rows) = tokio::join!(conn.client.batch_execute(BEGIN_VIEW), future);
+                began.and(rows)
+            })
             .map_err(StoreError::Storage)?
             .map_err(|e| StoreError::Storage(pg_error(e)))
     }

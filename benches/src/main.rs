@@ -369,7 +369,9 @@ fn measure_fork(fixture: &Fixture, runs: usize, rows: &mut Vec<Row>) -> (Duratio
         lineage.median,
         vec![("JSON Lines", jsonl.median), ("SQLite", sqlite.median)],
     );
-    if n >= 100_000 {
+    // The target is the 100k session's (the fork of the 1.3M one is measured for the PostgreSQL
+    // engine's comparison).
+    if (100_000..1_000_000).contains(&n) {
         row.target = Some(("≤ 50 ms".into(), row.lineage <= 50.0));
     }
     rows.push(row);

@@ -1,11 +1,14 @@
-//! The Lineage session store: many session logs in one embedded redb file.
+//! The Lineage session store: many session logs in one embedded redb file, or in a PostgreSQL
+//! database that many hosts share (the `postgres` feature; [`Store::open`] of a `postgres://` URL).
 //!
 //! Sessions are stored as blocks of framed records keyed by `(session, first seq)`, each block
-//! carrying the session's running digest at its last record. Writes go through one writer thread
-//! that group-commits every session's admitted batches in one transaction with one fsync; reads are
+//! carrying the session's running digest at its last record; both engines hold the same blocks.
+//! Writes go through one writer thread that group-commits every session's admitted batches in one
+//! transaction with one fsync, each session's write conditional on where its log ends; reads are
 //! one range scan per session. See `schema/FORMAT.md` for the layout.
 //!
-//! The store is synchronous: it spawns its own writer thread and needs no async runtime.
+//! The store is synchronous: it spawns its own writer thread and needs no async runtime (the
+//! PostgreSQL engine runs one of its own, on its own thread).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -381,76 +381,68 @@ impl PgEngine {
         Ok(conn)
     }
 
-    /// One attempt at a round without the writes in `skip`: `Err(Ok(i))` names a write the
-    /// server refused for its own data (the transaction was rolled back).
+    /// One attempt at a round without the writes in `skip`. On an error the transaction is
+    /// rolled back.
     fn round(
         &self,
         conn: &Arc<Conn>,
         writes: &[SessionWrite],
         skip: &[usize],
         deletions: &[DeleteJob],
-    ) -> std::result::Result<Committed, std::result::Result<usize, EngineError>> {
+    ) -> std::result::Result<Committed, RoundError> {
         let shared = &self.shared;
-        let failed = |e: EngineError| Err(e);
+        let whole = |e: tokio_postgres::Error| RoundError::Whole(pg_error(e));
         on!(shared, conn, |c| c.client.batch_execute("BEGIN").await)
-            .map_err(Err)?
-            .map_err(|e| Err(pg_error(e)))?;
-        let abort = |error: std::result::Result<usize, EngineError>| {
+            .map_err(RoundError::Whole)?
+            .map_err(whole)?;
+        let abort = |error: RoundError| {
             let _ = on!(shared, conn, |c| c.client.batch_execute("ROLLBACK").await);
             error
         };
         let mut written = Vec::with_capacity(writes.len());
         for (i, write) in writes.iter().enumerate() {
             if skip.contains(&i) {
-                written.push(None);
+                // Filled in by the caller.
+                written.push(Written::Applied);
                 continue;
             }
-            let params = WriteParams::of(write).map_err(|e| abort(failed(e).map(|()| i)))?;
+            let params = WriteParams::of(write).map_err(|e| abort(RoundError::Session(i, e)))?;
             let new = write.new;
             let affected = on!(shared, conn, |c| {
                 let p = params;
-                if new {
-                    c.client
-                        .execute(
-                            &c.st.create_session,
-                            &[&p.id, &p.parent, &p.next_seq, &p.row, &p.firsts, &p.values],
-                        )
-                        .await
+                let statement = if new {
+                    &c.st.create_session
                 } else {
-                    c.client
-                        .execute(
-                            &c.st.extend_session,
-                            &[
-                                &p.id,
-                                &p.expected,
-                                &p.next_seq,
-                                &p.row,
-                                &p.firsts,
-                                &p.values,
-                            ],
-                        )
-                        .await
-                }
+                    &c.st.extend_session
+                };
+                // Both take the session, what it must hold, its new end and row, then the blocks.
+                let must_hold: &(dyn tokio_postgres::types::ToSql + Sync) =
+                    if new { &p.parent } else { &p.expected };
+                c.client
+                    .execute(
+                        statement,
+                        &[&p.id, must_hold, &p.next_seq, &p.row, &p.firsts, &p.values],
+                    )
+                    .await
             })
-            .map_err(|e| abort(Err(e)))?;
+            .map_err(|e| abort(RoundError::Whole(e)))?;
             match affected {
-                Ok(n) if n > 0 => written.push(Some(Written::Applied)),
+                Ok(n) if n > 0 => written.push(Written::Applied),
                 Ok(_) => {
                     let id = Uuid::from_u128(write.session.as_u128());
                     let found = on!(shared, conn, |c| c
                         .client
                         .query_opt(&c.st.next_seq, &[&id])
                         .await)
-                    .map_err(|e| abort(Err(e)))?
-                    .map_err(|e| abort(Err(pg_error(e))))?
+                    .map_err(|e| abort(RoundError::Whole(e)))?
+                    .map_err(|e| abort(whole(e)))?
                     .map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX));
-                    written.push(Some(Written::Conflict { found }));
+                    written.push(Written::Conflict { found });
                 }
                 Err(e) if refused_for_its_data(&e) => {
-                    tracing::warn!(session = %write.session, error = %pg_error(e), "PostgreSQL refused a session's write; the round goes on without it");
-                    return Err(abort(Ok(i)));
+                    return Err(abort(RoundError::Session(i, pg_error(e))));
                 }
-                Err(e) => return Err(abort(Err(pg_error(e)))),
+                Err(e) => return Err(abort(whole(e))),
             }
         }
         let mut answers = Vec::with_capacity(deletions.len());
@@ -458,21 +450,26 @@ impl PgEngine {
         for deletion in deletions {
             match crate::delete::delete_in(&mut removal, deletion) {
                 Ok(answer) => answers.push((deletion.id, answer)),
-                Err(e) => return Err(abort(Err(e))),
+                Err(e) => return Err(abort(RoundError::Whole(e))),
             }
         }
         on!(shared, conn, |c| c.client.batch_execute("COMMIT").await)
-            .map_err(Err)?
-            .map_err(|e| Err(pg_error(e)))?;
+            .map_err(RoundError::Whole)?
+            .map_err(whole)?;
         Ok(Committed {
-            // Skipped writes are filled in by the caller.
-            writes: written
-                .into_iter()
-                .map(|w| w.unwrap_or(Written::Applied))
-                .collect(),
+            writes: written,
             deletions: answers,
         })
     }
+}
+
+/// Why a round's attempt failed.
+enum RoundError {
+    /// The server refused the write at this index for its own data: the round is tried again
+    /// without it.
+    Session(usize, EngineError),
+    /// Nothing of the round can commit now.
+    Whole(EngineError),
 }
 
 /// A write's statement parameters, owned so the statement can run on the engine's runtime.
@@ -541,17 +538,11 @@ impl Engine for PgEngine {
                     }
                     return Ok(committed);
                 }
-                Err(Ok(i)) => skipped.push((
-                    i,
-                    EngineError::new(
-                        EngineErrorKind::Other,
-                        format!(
-                            "PostgreSQL refused the write of session {}",
-                            writes[i].session
-                        ),
-                    ),
-                )),
-                Err(Err(error)) => return Err(error),
+                Err(RoundError::Session(i, error)) => {
+                    tracing::warn!(session = %writes[i].session, %error, "PostgreSQL refused a session's write; the round goes on without it");
+                    skipped.push((i, error));
+                }
+                Err(RoundError::Whole(error)) => return Err(error),
             }
         }
     }

@@ -748,6 +748,12 @@ impl Store {
     ///
     /// A session this handle deleted is [`StoreError::UnknownSession`]: what was admitted to it
     /// and not yet durable was discarded with it.
+    ///
+    /// On a store other hosts write too (PostgreSQL), a commit refuses a session's batches when
+    /// another writer extended the session first: the flush reports [`StoreError::SeqMismatch`]
+    /// (`expected` the stored end, `got` where the batches began), nothing of them is written,
+    /// and they are dropped with everything admitted to the session since; the next append reads
+    /// the session from the store again. The other sessions of that commit are durable.
     pub fn flush(&self, session: SessionId) -> Result<()> {
         let state = self.inner.queue.lock();
         if state.deleted.contains(&session) && !state.tails.contains_key(&session) {
@@ -765,10 +771,20 @@ impl Store {
     /// writer of a shared store got there first) is not this read's error: the batch's own flushes
     /// report it, and the read sees what the store holds.
     pub(crate) fn flush_before_read(&self, session: SessionId) -> Result<()> {
-        match self.flush(session) {
-            Err(StoreError::SeqMismatch { .. }) => Ok(()),
-            other => other,
-        }
+        let state = self.inner.queue.lock();
+        let Some(target) = state.tails.get(&session).map(|tail| tail.last_ticket) else {
+            // Nothing admitted to it is waiting (a refused batch went with its tail).
+            return Ok(());
+        };
+        let result = self.inner.queue.wait_durable(state, Some(session), target);
+        let refused = self
+            .inner
+            .queue
+            .lock()
+            .refused
+            .get(&session)
+            .is_some_and(|r| target > 0 && r.upto >= target);
+        if refused { Ok(()) } else { result }
     }
 
     /// Waits until everything admitted to any session before this call is durable.

@@ -382,3 +382,50 @@ fn copy_from_a_file_to_a_database_and_back_is_byte_for_byte_and_idempotent() {
     }
     assert_eq!(Dump::of(std::path::Path::new(&url)), before);
 }
+
+#[test]
+fn a_write_the_server_refuses_fails_only_its_sessions_flushes() {
+    let server = postgres();
+    let url = server.create_database();
+    let waits = lineage_store::StoreOptions {
+        commit_window: std::time::Duration::from_secs(3600),
+        ..lineage_store::StoreOptions::default()
+    };
+    let host = Store::open_with(&url, waits).unwrap();
+    let (refused, refused_header) = fresh();
+    let (calm, calm_header) = fresh();
+    host.import(refused_header, &completed_turns(1)).unwrap();
+    host.import(calm_header, &completed_turns(1)).unwrap();
+    let len = host.info(refused).unwrap().len;
+    // The server will take no block over 4 KB: a rule of this database, not of the store.
+    let rule =
+        "ALTER TABLE lineage_blocks ADD CONSTRAINT small_blocks CHECK (length(value) < 4096)";
+    server.psql(&url, rule);
+
+    host.admit(refused, &completed_turn(2, len, &"x".repeat(8_000)))
+        .unwrap();
+    host.admit(calm, &completed_turn(2, len, "short")).unwrap();
+    match host.flush(refused) {
+        Err(StoreError::CommitFailed { source }) => {
+            assert!(source.to_string().contains("small_blocks"), "{source}");
+        }
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    host.flush(calm)
+        .expect("the round's other session is durable");
+    assert_eq!(host.info(calm).unwrap().len, len + 6);
+    assert_eq!(
+        host.info(refused).unwrap().len,
+        len,
+        "nothing of the refused batch"
+    );
+
+    server.psql(
+        &url,
+        "ALTER TABLE lineage_blocks DROP CONSTRAINT small_blocks",
+    );
+    let loaded = host.load(refused).unwrap();
+    let next = completed_turn(2, loaded.events.len() as u64, &"x".repeat(8_000));
+    host.append(refused, &next).unwrap();
+    assert_intact(&host.verify().unwrap());
+}

@@ -890,21 +890,7 @@ fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<Uuid>
         .and_then(|v| <[u8; 4]>::try_from(v).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| not_a_store("its meta table has no format version"))?;
-    let what = format!("store {shown}");
-    if version > STORE_FORMAT_VERSION {
-        return Err(StoreError::NewerFormat {
-            what,
-            found: version,
-            supported: STORE_FORMAT_VERSION,
-        });
-    }
-    if version < STORE_FORMAT_VERSION {
-        return Err(StoreError::OlderFormat {
-            what,
-            found: version,
-            supported: STORE_FORMAT_VERSION,
-        });
-    }
+    crate::store::check_store_version(shown, version)?;
     get(META_STORE_ID)
         .and_then(|v| Uuid::from_slice(v).ok())
         .ok_or_else(|| not_a_store("its meta table has no store id"))

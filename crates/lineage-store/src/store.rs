@@ -1204,27 +1204,32 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
         .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| not_a_store("its meta table has no format version".into()))?;
-    let what = format!("store {}", path.display());
-    if version > STORE_FORMAT_VERSION {
-        return Err(StoreError::NewerFormat {
-            what,
-            found: version,
-            supported: STORE_FORMAT_VERSION,
-        });
-    }
-    if version < STORE_FORMAT_VERSION {
-        return Err(StoreError::OlderFormat {
-            what,
-            found: version,
-            supported: STORE_FORMAT_VERSION,
-        });
-    }
+    check_store_version(&path.display().to_string(), version)?;
     let id = meta
         .get(META_STORE_ID)
         .engine()?
         .and_then(|v| Uuid::from_slice(v.value()).ok())
         .ok_or_else(|| not_a_store("its meta table has no store id".into()))?;
     Ok(Some(id))
+}
+
+/// Refuses a store layout version other than this build's, naming the store `shown`.
+pub(crate) fn check_store_version(shown: &str, version: u32) -> Result<()> {
+    let what = format!("store {shown}");
+    let supported = STORE_FORMAT_VERSION;
+    match version.cmp(&supported) {
+        std::cmp::Ordering::Greater => Err(StoreError::NewerFormat {
+            what,
+            found: version,
+            supported,
+        }),
+        std::cmp::Ordering::Less => Err(StoreError::OlderFormat {
+            what,
+            found: version,
+            supported,
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
 }
 
 /// Writes the `meta` table and creates the other tables of a fresh store, durably.

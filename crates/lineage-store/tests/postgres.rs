@@ -22,19 +22,11 @@ const SESSION_VAR: &str = "LINEAGE_RACE_SESSION";
 /// The writer's name, written into its turns.
 const NAME_VAR: &str = "LINEAGE_RACE_NAME";
 
-/// A writer that, at each `go` on stdin, appends one completed turn where its view of the
-/// session ends, and says whether it `won` (the new length) or `lost` (the conflict's expected
-/// and got seqs); after a loss it loads the session again.
-#[test]
-#[ignore = "helper process for the racing-writers test"]
-fn racing_writer_child() {
-    let (Ok(url), Ok(session), Ok(name)) = (
-        std::env::var(URL_VAR),
-        std::env::var(SESSION_VAR),
-        std::env::var(NAME_VAR),
-    ) else {
-        return;
-    };
+/// The writer process of the racing test (which re-runs itself with the writer's variables): at
+/// each `go` on stdin it appends one completed turn where its view of the session ends, and says
+/// whether it `won` (the new length) or `lost` (the conflict's expected and got seqs); after a
+/// loss it loads the session again.
+fn racing_writer(url: String, session: String, name: String) {
     let id: SessionId = session.parse().expect("a session id");
     let store = Store::open(&url).expect("the writer opens the store");
     let mut events = store.load(id).expect("the session loads").events;
@@ -64,6 +56,13 @@ fn racing_writer_child() {
 
 #[test]
 fn of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict() {
+    if let (Ok(url), Ok(session), Ok(name)) = (
+        std::env::var(URL_VAR),
+        std::env::var(SESSION_VAR),
+        std::env::var(NAME_VAR),
+    ) {
+        return racing_writer(url, session, name);
+    }
     let url = postgres().create_database();
     let (id, header) = fresh();
     let store = Store::open(&url).unwrap();
@@ -73,7 +72,9 @@ fn of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict
     let mut writers: Vec<_> = ["a", "b"]
         .into_iter()
         .map(|name| {
-            let mut command = helper_command("racing_writer_child");
+            let mut command = helper_command(
+                "of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict",
+            );
             command
                 .env(URL_VAR, &url)
                 .env(SESSION_VAR, id.to_string())

@@ -85,6 +85,10 @@ pub(crate) struct SessionWrite {
     pub row: Vec<u8>,
     /// Block values keyed by first seq, contiguous from `expected`.
     pub blocks: Vec<(u64, Vec<u8>)>,
+    /// The fencing token of the lease this store holds on the session, if it holds one: the
+    /// write applies only while that lease has not been taken over. Without one, the write
+    /// applies only while no other holder's lease on the session is live.
+    pub fence: Option<u64>,
 }
 
 /// What became of one session's write in a committed round.
@@ -96,6 +100,14 @@ pub(crate) enum Written {
     Conflict {
         /// The stored session's next seq, or `None` when no row is stored.
         found: Option<u64>,
+    },
+    /// The session's lease forbade the write: the lease this store held was taken over (or
+    /// released), or, for a write without a lease, another holder's lease is live. Nothing of
+    /// the write was applied.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Fenced {
+        /// The lease as it stands, if any.
+        lease: Option<LeaseState>,
     },
     /// The engine refused this session's write alone; nothing of it was applied, and the rest of
     /// the round was committed without it.
@@ -136,6 +148,77 @@ pub(crate) trait Engine: Send + Sync {
 
     /// Releases the storage when the store closes; a failure is logged.
     fn release(&self) {}
+
+    /// Whether other hosts may write the same sessions, so that leases mean something. An
+    /// embedded file has one writer (its lock says so): every lease is granted, with token 0.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// The id this engine holds leases under (nil for an engine without leases).
+    fn holder(&self) -> uuid::Uuid {
+        uuid::Uuid::nil()
+    }
+
+    /// Takes `session`'s lease for this store's holder for `ttl`, or renews it; a takeover of
+    /// another holder's expired lease (or of a released one) raises the fencing token.
+    fn acquire(
+        &self,
+        _session: SessionId,
+        _ttl: std::time::Duration,
+    ) -> std::result::Result<Acquired, EngineError> {
+        Ok(Acquired::Granted { fence: 0 })
+    }
+
+    /// Extends the leases `held` (session and token) by `ttl`; returns those that were lost
+    /// (taken over or released), which are not extended.
+    fn renew(
+        &self,
+        _held: &[(SessionId, u64)],
+        _ttl: std::time::Duration,
+    ) -> std::result::Result<Vec<SessionId>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    /// Gives the lease up if this holder still holds it with `fence`. The token is kept, so the
+    /// next holder's is larger.
+    fn release_lease(
+        &self,
+        _session: SessionId,
+        _fence: u64,
+    ) -> std::result::Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// The session's lease as it stands (`None`: never leased, or an engine without leases).
+    fn lease(&self, _session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
+        Ok(None)
+    }
+}
+
+/// The answer to [`Engine::acquire`].
+#[derive(Clone, Debug)]
+pub(crate) enum Acquired {
+    Granted { fence: u64 },
+    HeldElsewhere(LeaseState),
+}
+
+/// A session's lease as the store holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The holder: a store handle's id ([`crate::Store::holder`]); `None` once released.
+    pub holder: Option<uuid::Uuid>,
+    /// The fencing token: raised by every takeover, never lowered.
+    pub fence: u64,
+    /// How long the lease has left by the database's clock (zero once expired or released).
+    pub expires_in: std::time::Duration,
+}
+
+impl LeaseState {
+    /// Whether a holder still holds it.
+    pub fn is_live(&self) -> bool {
+        self.holder.is_some() && !self.expires_in.is_zero()
+    }
 }
 
 /// What removing one session took.

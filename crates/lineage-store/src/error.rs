@@ -180,6 +180,44 @@ pub enum StoreError {
         /// The session.
         session: SessionId,
     },
+    /// Another holder has the session's lease (another host keeps it resident): it cannot be
+    /// owned here, nor repaired, until that lease is released or expires.
+    #[error(
+        "session {session} is held by another host ({holder}, fencing token {fence}) for {expires_in_ms} ms more"
+    )]
+    HeldElsewhere {
+        /// The session.
+        session: SessionId,
+        /// The holder ([`crate::Store::holder`] of its store).
+        holder: uuid::Uuid,
+        /// The holder's fencing token.
+        fence: u64,
+        /// How long its lease has left, by the database's clock.
+        expires_in_ms: u64,
+    },
+    /// A write of the session was refused by its lease: the lease this store held (`fence`) was
+    /// taken over by another host (`holder`, with the larger token `current`) or released, or
+    /// the write held no lease while another host's was live. Nothing of it was written, and the
+    /// session is no longer this store's to write: its admitted batches were dropped.
+    #[error(
+        "session {session} was fenced off: written with {} but its lease is {}",
+        fence.map_or("no lease".to_owned(), |f| format!("fencing token {f}")),
+        match (holder, current) {
+            (Some(holder), Some(current)) => format!("held by {holder} with fencing token {current}"),
+            (None, Some(current)) => format!("released at fencing token {current}"),
+            _ => "gone".to_owned(),
+        }
+    )]
+    Fenced {
+        /// The session.
+        session: SessionId,
+        /// The token the write carried (`None`: it held no lease).
+        fence: Option<u64>,
+        /// Who holds the lease now, if anyone.
+        holder: Option<uuid::Uuid>,
+        /// The lease's token now.
+        current: Option<u64>,
+    },
     /// [`crate::Store::delete`] with [`crate::DeleteRule::Refuse`] of a session that has stored
     /// children or forks: deleting it alone would leave them naming a parent that is gone.
     #[error(

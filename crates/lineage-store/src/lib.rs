@@ -20,6 +20,7 @@ mod engine;
 mod error;
 mod fork;
 mod layout;
+mod lease;
 mod meta;
 mod owners;
 #[cfg(feature = "postgres")]
@@ -34,12 +35,12 @@ mod writer;
 
 pub use copy::Copied;
 pub use delete::{DeleteRule, Deleted};
-pub use engine::{display_location, is_database_url};
+pub use engine::{LeaseState, display_location, is_database_url};
 pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, KindStats, Loaded,
-    STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, KindStats,
+    Loaded, STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,
 };
 pub use verify::{Problem, SessionReport, VerifyReport};

@@ -1,4 +1,4 @@
-//! Which sessions a live writer in this process owns.
+//! Which sessions a live writer owns.
 //!
 //! A live agent appends to its session turn by turn, and between its appends the stored log may
 //! end inside its open turn. A repair then would be wrong: `load` would close that turn as
@@ -8,14 +8,18 @@
 //! log when no turn is open, or refuses with [`StoreError::LiveTurnOpen`] while one is. `inspect`,
 //! which repairs in memory only, reads it as usual.
 //!
-//! Ownership is one process's today; a shared store extends it across hosts with leases.
+//! On a shared store ownership spans hosts: owning a session takes its lease (see the `lease`
+//! module), so no other host owns, repairs or writes it until the lease is released or expires.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lineage_log::SessionId;
 
-use crate::{Result, Store, StoreError};
+use crate::engine::Acquired;
+use crate::lease::Held;
+use crate::store::{Inner, contained};
+use crate::{Loaded, Result, Store, StoreError};
 
 /// The sessions owned through one store (every clone of a handle shares them, and so does a
 /// clone of this).
@@ -33,12 +37,14 @@ impl Owners {
 }
 
 /// A live writer's ownership of one session, from [`Store::own`]. Dropping it (or
-/// [`SessionOwner::release`]) ends the ownership.
+/// [`SessionOwner::release`]) ends the ownership and releases the session's lease.
 #[derive(Debug)]
 #[must_use = "the session is owned only while this is held"]
 pub struct SessionOwner {
-    owners: Arc<Mutex<HashSet<SessionId>>>,
+    store: Weak<Inner>,
     session: SessionId,
+    /// The lease's fencing token, on a shared store.
+    fence: Option<u64>,
 }
 
 impl SessionOwner {
@@ -47,33 +53,98 @@ impl SessionOwner {
         self.session
     }
 
+    /// The fencing token of the session's lease on a shared store (`None` on an embedded file,
+    /// whose one writer needs none). Each owner of a session is given a larger one than the last.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
     /// Ends the ownership.
     pub fn release(self) {}
 }
 
 impl Drop for SessionOwner {
     fn drop(&mut self) {
-        self.owners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.session);
+        let Some(inner) = self.store.upgrade() else {
+            // The store is closed; it released its leases as it closed.
+            return;
+        };
+        inner.owners.lock().remove(&self.session);
+        let held = inner.queue.lock().leases.remove(&self.session);
+        if let Some(held) = held.filter(|held| !held.lost) {
+            match contained(|| inner.engine.release_lease(self.session, held.fence)) {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(session = %self.session, %error, "releasing the session's lease failed; it expires by itself")
+                }
+                Err(panic) => {
+                    tracing::error!(session = %self.session, panic, "releasing the session's lease panicked; it expires by itself")
+                }
+            }
+        }
     }
 }
 
 impl Store {
     /// Makes the caller the live writer of `session` until the returned owner is dropped: until
     /// then `load` never repairs the session (see the module docs). Refused on a read-only store,
-    /// and with [`StoreError::AlreadyOwned`] while another owner holds it.
+    /// and with [`StoreError::AlreadyOwned`] while another owner in this store holds it.
+    ///
+    /// On a shared store this takes the session's lease, refused with
+    /// [`StoreError::HeldElsewhere`] while another host's is live; what this store knew of the
+    /// session is read again, so its next write continues the log as the last holder left it.
     pub fn own(&self, session: SessionId) -> Result<SessionOwner> {
         self.writable()?;
-        let owners = &self.inner.owners;
-        if !owners.lock().insert(session) {
+        if !self.inner.owners.lock().insert(session) {
             return Err(StoreError::AlreadyOwned { session });
         }
-        Ok(SessionOwner {
-            owners: owners.0.clone(),
+        let mut owner = SessionOwner {
+            store: Arc::downgrade(&self.inner),
             session,
-        })
+            fence: None,
+        };
+        if !self.inner.engine.shared() {
+            return Ok(owner);
+        }
+        // What was admitted without the lease goes first, under the rules of a write without one.
+        self.flush_before_read(session)?;
+        let acquired = crate::store::guard(|| {
+            self.inner
+                .engine
+                .acquire(session, self.inner.options.lease_ttl)
+                .map_err(StoreError::Storage)
+        })?;
+        match acquired {
+            Acquired::Granted { fence } => {
+                let mut state = self.inner.queue.lock();
+                state.leases.insert(session, Held { fence, lost: false });
+                owner.fence = Some(fence);
+                // Another host may have written since this store last read the session.
+                if state
+                    .tails
+                    .get(&session)
+                    .is_some_and(|t| t.pending.is_empty())
+                {
+                    state.tails.remove(&session);
+                }
+                Ok(owner)
+            }
+            Acquired::HeldElsewhere(lease) => Err(StoreError::HeldElsewhere {
+                session,
+                holder: lease.holder.unwrap_or_default(),
+                fence: lease.fence,
+                expires_in_ms: u64::try_from(lease.expires_in.as_millis()).unwrap_or(u64::MAX),
+            }),
+        }
+    }
+
+    /// Owns `session` ([`Store::own`]) and loads it under that ownership: a turn torn by a crash
+    /// is repaired, as [`Store::load`] does, and on a shared store only by the lease's holder.
+    /// This is how a host resumes a session it will keep writing.
+    pub fn own_and_load(&self, session: SessionId) -> Result<(SessionOwner, Loaded)> {
+        let owner = self.own(session)?;
+        let loaded = self.load_repairing(session)?;
+        Ok((owner, loaded))
     }
 
     /// Whether a live writer owns `session`.
@@ -83,9 +154,6 @@ impl Store {
 
     /// For `load`: an owned session is flushed and must have no open turn, so nothing is written.
     pub(crate) fn check_owned_load(&self, session: SessionId) -> Result<()> {
-        if !self.is_owned(session) {
-            return Ok(());
-        }
         self.flush(session)?;
         self.ensure_tail(session)?;
         let open = self

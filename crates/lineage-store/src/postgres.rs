@@ -31,8 +31,8 @@ use uuid::Uuid;
 
 use crate::delete::DeleteJob;
 use crate::engine::{
-    Blocks, Bytes, Committed, Engine, Removal, Removed, SessionWrite, View, Written, block_count,
-    redact,
+    Acquired, Blocks, Bytes, Committed, Engine, LeaseState, Removal, Removed, SessionWrite, View,
+    Written, block_count, redact,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
@@ -50,6 +50,12 @@ CREATE TABLE lineage_blocks (
 );
 CREATE TABLE lineage_children (parent uuid NOT NULL, child uuid NOT NULL, PRIMARY KEY (parent, child));
 CREATE INDEX lineage_children_by_child ON lineage_children (child);
+CREATE TABLE lineage_leases (
+    session uuid PRIMARY KEY,
+    holder uuid,
+    expires_at timestamptz,
+    fence bigint NOT NULL
+);
 ALTER TABLE lineage_sessions ALTER COLUMN row SET STORAGE EXTERNAL;
 ALTER TABLE lineage_blocks ALTER COLUMN value SET STORAGE EXTERNAL;
 ";
@@ -75,6 +81,11 @@ struct Statements {
     remove_row: Statement,
     remove_index: Statement,
     remove_blocks: Statement,
+    write_refusal: Statement,
+    lease: Statement,
+    acquire: Statement,
+    renew: Statement,
+    release: Statement,
 }
 
 const ROW: &str = "SELECT row FROM lineage_sessions WHERE id = $1";
@@ -97,26 +108,76 @@ WITH RECURSIVE tree (child, path) AS (
 )
 SELECT child FROM tree ORDER BY cardinality(path), path";
 const NEXT_SEQ: &str = "SELECT next_seq FROM lineage_sessions WHERE id = $1";
-/// A new session: its row only if none is stored, then its index entry and blocks only if the
-/// row was made. Affects as many rows as blocks, or none.
-const CREATE_SESSION: &str = "
-WITH made AS (
-    INSERT INTO lineage_sessions (id, next_seq, row) VALUES ($1, $3, $4)
+/// Whether a write may apply under the session's lease (locked for the statement, so a takeover
+/// waits for the write's transaction and then sees it): with a token (`$8`), only if the lease is
+/// still this holder's (`$7`) with that token; without one, only if no other holder's is live.
+const LEASED: &str = "
+lease AS (
+    SELECT holder, fence, expires_at > now() AS live FROM lineage_leases WHERE session = $1 FOR SHARE
+), allowed AS (
+    SELECT CASE WHEN $8::bigint IS NULL
+        THEN NOT EXISTS (SELECT 1 FROM lease WHERE live AND holder <> $7::uuid)
+        ELSE EXISTS (SELECT 1 FROM lease WHERE holder = $7::uuid AND fence = $8::bigint)
+    END AS ok
+)";
+/// A new session: its row only if none is stored and its lease allows, then its index entry and
+/// blocks only if the row was made. Affects as many rows as blocks, or none.
+fn create_session() -> String {
+    format!(
+        "WITH {LEASED}, made AS (
+    INSERT INTO lineage_sessions (id, next_seq, row) SELECT $1, $3, $4 FROM allowed WHERE ok
     ON CONFLICT (id) DO NOTHING RETURNING id
 ), linked AS (
     INSERT INTO lineage_children (parent, child) SELECT $2, id FROM made WHERE $2::uuid IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 INSERT INTO lineage_blocks (session, first_seq, value)
-SELECT made.id, b.first_seq, b.value FROM made, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)";
-/// A stored session: its row moves only from the expected end, and the blocks follow only if it
-/// moved. Affects as many rows as blocks, or none.
-const EXTEND_SESSION: &str = "
-WITH moved AS (
-    UPDATE lineage_sessions SET next_seq = $3, row = $4 WHERE id = $1 AND next_seq = $2 RETURNING id
+SELECT made.id, b.first_seq, b.value FROM made, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)"
+    )
+}
+/// A stored session: its row moves only from the expected end and as its lease allows, and the
+/// blocks follow only if it moved. Affects as many rows as blocks, or none.
+fn extend_session() -> String {
+    format!(
+        "WITH {LEASED}, moved AS (
+    UPDATE lineage_sessions SET next_seq = $3, row = $4
+    WHERE id = $1 AND next_seq = $2 AND (SELECT ok FROM allowed)
+    RETURNING id
 )
 INSERT INTO lineage_blocks (session, first_seq, value)
-SELECT moved.id, b.first_seq, b.value FROM moved, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)";
+SELECT moved.id, b.first_seq, b.value FROM moved, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)"
+    )
+}
+/// Why a write applied to nothing: where the stored log ends, and the session's lease.
+const WRITE_REFUSAL: &str = "
+SELECT (SELECT next_seq FROM lineage_sessions WHERE id = $1), l.holder, l.fence,
+       GREATEST(COALESCE(EXTRACT(EPOCH FROM l.expires_at - now()) * 1000, 0), 0)::bigint
+FROM (SELECT 1) AS one LEFT JOIN lineage_leases l ON l.session = $1";
+/// A session's lease: holder, token, and the milliseconds it has left.
+const LEASE: &str = "
+SELECT holder, fence, GREATEST(COALESCE(EXTRACT(EPOCH FROM expires_at - now()) * 1000, 0), 0)::bigint
+FROM lineage_leases WHERE session = $1";
+/// Takes a lease (`$1` session, `$2` holder, `$3` milliseconds): free, released or expired, or
+/// already this holder's. A takeover raises the token; a renewal of a live lease keeps it.
+const ACQUIRE: &str = "
+INSERT INTO lineage_leases AS l (session, holder, expires_at, fence)
+VALUES ($1, $2, now() + $3::float8 * interval '1 millisecond', 1)
+ON CONFLICT (session) DO UPDATE SET
+    fence = CASE WHEN l.holder = $2 AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
+    holder = $2,
+    expires_at = now() + $3::float8 * interval '1 millisecond'
+WHERE l.holder IS NULL OR l.holder = $2 OR l.expires_at <= now()
+RETURNING fence";
+/// Extends the leases (`$3` sessions with `$4` tokens) still held by `$1` for `$2` milliseconds.
+const RENEW: &str = "
+UPDATE lineage_leases AS l SET expires_at = now() + $2::float8 * interval '1 millisecond'
+FROM unnest($3::uuid[], $4::bigint[]) AS h (session, fence)
+WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1
+RETURNING l.session";
+/// Gives a lease up, keeping its token.
+const RELEASE: &str = "
+UPDATE lineage_leases SET holder = NULL, expires_at = NULL
+WHERE session = $1 AND holder = $2 AND fence = $3";
 const REMOVE_ROW: &str = "DELETE FROM lineage_sessions WHERE id = $1 RETURNING row";
 const REMOVE_INDEX: &str = "DELETE FROM lineage_children WHERE parent = $1 OR child = $1";
 const REMOVE_BLOCKS: &str = "DELETE FROM lineage_blocks WHERE session = $1 RETURNING substring(value FROM 1 FOR 4), length(value)";
@@ -262,9 +323,10 @@ impl Shared {
 
     /// Prepares the statements (the tables must exist).
     fn prepare(&self, client: Client) -> std::result::Result<Arc<Conn>, EngineError> {
+        let (create_session, extend_session) = (create_session(), extend_session());
         self.runtime
             .run(async move {
-                // Sent together: one round trip's wait, not thirteen.
+                // Sent together: one round trip's wait, not eighteen.
                 let prepared = tokio::join!(
                     client.prepare(ROW),
                     client.prepare(ROWS),
@@ -274,11 +336,16 @@ impl Shared {
                     client.prepare(CHILD_INDEX),
                     client.prepare(DESCENDANTS),
                     client.prepare(NEXT_SEQ),
-                    client.prepare(CREATE_SESSION),
-                    client.prepare(EXTEND_SESSION),
+                    client.prepare(&create_session),
+                    client.prepare(&extend_session),
                     client.prepare(REMOVE_ROW),
                     client.prepare(REMOVE_INDEX),
                     client.prepare(REMOVE_BLOCKS),
+                    client.prepare(WRITE_REFUSAL),
+                    client.prepare(LEASE),
+                    client.prepare(ACQUIRE),
+                    client.prepare(RENEW),
+                    client.prepare(RELEASE),
                 );
                 let st = Statements {
                     row: prepared.0?,
@@ -294,6 +361,11 @@ impl Shared {
                     remove_row: prepared.10?,
                     remove_index: prepared.11?,
                     remove_blocks: prepared.12?,
+                    write_refusal: prepared.13?,
+                    lease: prepared.14?,
+                    acquire: prepared.15?,
+                    renew: prepared.16?,
+                    release: prepared.17?,
                 };
                 Ok(Arc::new(Conn { client, st }))
             })?
@@ -317,6 +389,26 @@ impl Shared {
 pub(crate) struct PgEngine {
     shared: Arc<Shared>,
     read_only: bool,
+    /// The id this store holds leases under: new at every open, so a restarted host fences off
+    /// whatever its predecessor still had in flight.
+    holder: Uuid,
+}
+
+/// A lease from the columns `holder, fence, milliseconds left` starting at `at` (`None` when the
+/// fence is null: no lease row).
+fn lease_of(row: &Row, at: usize) -> Option<LeaseState> {
+    let fence = row.get::<_, Option<i64>>(at + 1)?;
+    Some(LeaseState {
+        holder: row.get::<_, Option<Uuid>>(at),
+        fence: u64::try_from(fence).unwrap_or(0),
+        expires_in: std::time::Duration::from_millis(
+            u64::try_from(row.get::<_, Option<i64>>(at + 2).unwrap_or(0)).unwrap_or(0),
+        ),
+    })
+}
+
+fn ttl_ms(ttl: std::time::Duration) -> f64 {
+    ttl.as_secs_f64() * 1000.0
 }
 
 impl PgEngine {
@@ -368,7 +460,14 @@ impl PgEngine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(conn);
-        Ok((PgEngine { shared, read_only }, store_id))
+        Ok((
+            PgEngine {
+                shared,
+                read_only,
+                holder: Uuid::now_v7(),
+            },
+            store_id,
+        ))
     }
 
     fn writer(&self) -> std::result::Result<Arc<Conn>, EngineError> {
@@ -407,7 +506,7 @@ impl PgEngine {
                 continue;
             }
             let params = WriteParams::of(write).map_err(|e| abort(RoundError::Session(i, e)))?;
-            let new = write.new;
+            let (new, holder) = (write.new, self.holder);
             let affected = on!(shared, conn, |c| {
                 let p = params;
                 let statement = if new {
@@ -415,13 +514,23 @@ impl PgEngine {
                 } else {
                     &c.st.extend_session
                 };
-                // Both take the session, what it must hold, its new end and row, then the blocks.
+                // Both take the session, what it must hold, its new end and row, the blocks, and
+                // the lease it is written under.
                 let must_hold: &(dyn tokio_postgres::types::ToSql + Sync) =
                     if new { &p.parent } else { &p.expected };
                 c.client
                     .execute(
                         statement,
-                        &[&p.id, must_hold, &p.next_seq, &p.row, &p.firsts, &p.values],
+                        &[
+                            &p.id,
+                            must_hold,
+                            &p.next_seq,
+                            &p.row,
+                            &p.firsts,
+                            &p.values,
+                            &holder,
+                            &p.fence,
+                        ],
                     )
                     .await
             })
@@ -429,15 +538,31 @@ impl PgEngine {
             match affected {
                 Ok(n) if n > 0 => written.push(Written::Applied),
                 Ok(_) => {
-                    let id = Uuid::from_u128(write.session.as_u128());
-                    let found = on!(shared, conn, |c| c
+                    let id = uuid_of(write.session);
+                    let row = on!(shared, conn, |c| c
                         .client
-                        .query_opt(&c.st.next_seq, &[&id])
+                        .query_one(&c.st.write_refusal, &[&id])
                         .await)
                     .map_err(|e| abort(RoundError::Whole(e)))?
-                    .map_err(|e| abort(whole(e)))?
-                    .map(|row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX));
-                    written.push(Written::Conflict { found });
+                    .map_err(|e| abort(whole(e)))?;
+                    let found = row
+                        .get::<_, Option<i64>>(0)
+                        .map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+                    let lease = lease_of(&row, 1);
+                    let allowed = match (write.fence, &lease) {
+                        (Some(fence), Some(lease)) => {
+                            lease.holder == Some(self.holder) && lease.fence == fence
+                        }
+                        (Some(_), None) => false,
+                        (None, lease) => !lease
+                            .as_ref()
+                            .is_some_and(|l| l.is_live() && l.holder != Some(self.holder)),
+                    };
+                    written.push(if allowed {
+                        Written::Conflict { found }
+                    } else {
+                        Written::Fenced { lease }
+                    });
                 }
                 Err(e) if refused_for_its_data(&e) => {
                     return Err(abort(RoundError::Session(i, pg_error(e))));
@@ -481,6 +606,7 @@ struct WriteParams {
     row: Vec<u8>,
     firsts: Vec<i64>,
     values: Vec<Vec<u8>>,
+    fence: Option<i64>,
 }
 
 impl WriteParams {
@@ -500,6 +626,7 @@ impl WriteParams {
                 .map(|(first, _)| seq_param(*first))
                 .collect::<std::result::Result<_, _>>()?,
             values: write.blocks.iter().map(|(_, v)| v.clone()).collect(),
+            fence: write.fence.map(seq_param).transpose()?,
         })
     }
 }
@@ -555,6 +682,108 @@ impl Engine for PgEngine {
         let mut slot = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
         // A connection left inside a failed transaction is not reused.
         *slot = None;
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn holder(&self) -> Uuid {
+        self.holder
+    }
+
+    fn acquire(
+        &self,
+        session: SessionId,
+        ttl: std::time::Duration,
+    ) -> std::result::Result<Acquired, EngineError> {
+        let (id, holder, ms) = (uuid_of(session), self.holder, ttl_ms(ttl));
+        let granted = self.on_idle(move |c| async move {
+            c.client
+                .query_opt(&c.st.acquire, &[&id, &holder, &ms])
+                .await
+        })?;
+        match granted {
+            Some(row) => Ok(Acquired::Granted {
+                fence: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+            }),
+            // Refused: someone else's live lease, as it stands now (it may have gone since).
+            None => match self.lease(session)? {
+                Some(lease) if lease.is_live() && lease.holder != Some(self.holder) => {
+                    Ok(Acquired::HeldElsewhere(lease))
+                }
+                _ => self.acquire(session, ttl),
+            },
+        }
+    }
+
+    fn renew(
+        &self,
+        held: &[(SessionId, u64)],
+        ttl: std::time::Duration,
+    ) -> std::result::Result<Vec<SessionId>, EngineError> {
+        let sessions: Vec<Uuid> = held.iter().map(|(s, _)| uuid_of(*s)).collect();
+        let fences = held
+            .iter()
+            .map(|(_, f)| seq_param(*f))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let (holder, ms) = (self.holder, ttl_ms(ttl));
+        let renewed = self.on_idle(move |c| async move {
+            c.client
+                .query(&c.st.renew, &[&holder, &ms, &sessions, &fences])
+                .await
+        })?;
+        let renewed: std::collections::HashSet<Uuid> =
+            renewed.iter().map(|row| row.get::<_, Uuid>(0)).collect();
+        Ok(held
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| !renewed.contains(&uuid_of(*s)))
+            .collect())
+    }
+
+    fn release_lease(
+        &self,
+        session: SessionId,
+        fence: u64,
+    ) -> std::result::Result<(), EngineError> {
+        let (id, holder, fence) = (uuid_of(session), self.holder, seq_param(fence)?);
+        self.on_idle(move |c| async move {
+            c.client
+                .execute(&c.st.release, &[&id, &holder, &fence])
+                .await
+        })?;
+        Ok(())
+    }
+
+    fn lease(&self, session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
+        let id = uuid_of(session);
+        let row =
+            self.on_idle(move |c| async move { c.client.query_opt(&c.st.lease, &[&id]).await })?;
+        Ok(row.and_then(|row| lease_of(&row, 0)))
+    }
+}
+
+impl PgEngine {
+    /// Runs one statement outside any transaction on a pooled connection, pooled again after.
+    fn on_idle<T, F>(
+        &self,
+        work: impl FnOnce(Arc<Conn>) -> F + Send + 'static,
+    ) -> std::result::Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: Future<Output = std::result::Result<T, tokio_postgres::Error>> + Send + 'static,
+    {
+        let conn = self.shared.idle()?;
+        let answer = self.shared.runtime.run(work(conn.clone()))?;
+        if !conn.client.is_closed() {
+            self.shared
+                .pool
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
+        }
+        answer.map_err(pg_error)
     }
 }
 

@@ -17,12 +17,14 @@ use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, Storage
 use uuid::Uuid;
 
 use crate::create;
+use crate::engine::LeaseState;
 use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
     Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord,
 };
+use crate::lease::Keeper;
 use crate::owners::Owners;
 use crate::read::{read_from, read_log, read_record};
 use crate::recovery::Reader;
@@ -48,6 +50,9 @@ pub const DEFAULT_BLOCK_BYTES: usize = 32 * 1024 - 512;
 /// The default page cache of an open store.
 pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
+/// How long a lease on a shared store lasts unless renewed ([`StoreOptions::lease_ttl`]).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
 /// Tuning of a writable store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -61,6 +66,10 @@ pub struct StoreOptions {
     /// The storage engine's page cache, in bytes. Reads stream through it, so it bounds the
     /// memory a scan of a large session adds on top of the decoded events.
     pub cache_bytes: usize,
+    /// How long a session's lease lasts on a shared store (see [`Store::own`]); it is renewed
+    /// every third of that while held. A host that dies is replaced this long after its last
+    /// renewal at most.
+    pub lease_ttl: Duration,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +79,7 @@ impl Default for StoreOptions {
             block_events: 512,
             block_bytes: DEFAULT_BLOCK_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            lease_ttl: DEFAULT_LEASE_TTL,
         }
     }
 }
@@ -240,6 +250,8 @@ pub(crate) struct Inner {
     /// Sessions a live writer owns (see the `owners` module).
     pub owners: Owners,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The thread renewing leases, on a shared store.
+    keeper: Mutex<Option<Keeper>>,
 }
 
 impl Drop for Inner {
@@ -254,6 +266,19 @@ impl Drop for Inner {
             && handle.join().is_err()
         {
             tracing::error!(path = ?self.path, "the store's writer thread panicked");
+        }
+        if let Some(keeper) = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            keeper.stop();
+            // The last writes are in: the next holder may take over at once.
+            let leases: Vec<_> = self.queue.lock().leases.drain().collect();
+            for (session, held) in leases.into_iter().filter(|(_, held)| !held.lost) {
+                if let Ok(Err(error)) | Err(error) =
+                    contained(|| self.engine.release_lease(session, held.fence))
+                        .map_err(|panic| EngineError::new(EngineErrorKind::Other, panic))
+                {
+                    tracing::warn!(%session, %error, "releasing the session's lease failed; it expires by itself");
+                }
+            }
         }
         // Failures after the last flush have no caller left to return to: they are reported here.
         let state = self.queue.lock();
@@ -488,6 +513,7 @@ impl Store {
                 options: StoreOptions::default(),
                 owners: Owners::default(),
                 writer: Mutex::new(None),
+                keeper: Mutex::new(None),
             }),
         }
     }
@@ -527,6 +553,13 @@ impl Store {
                 .spawn(move || writer::run(engine, queue, options))
                 .map_err(|e| StoreError::Storage(EngineError::io(e)))?
         };
+        let keeper = if engine.shared() {
+            let keeper = Keeper::start(engine.clone(), queue.clone(), options.lease_ttl)
+                .map_err(|e| StoreError::Storage(EngineError::io(e)))?;
+            Some(keeper)
+        } else {
+            None
+        };
         Ok(Store {
             inner: Arc::new(Inner {
                 engine,
@@ -536,7 +569,25 @@ impl Store {
                 options,
                 owners: Owners::default(),
                 writer: Mutex::new(Some(handle)),
+                keeper: Mutex::new(keeper),
             }),
+        })
+    }
+
+    /// This handle's id as the holder of leases on a shared store: each open store is a holder
+    /// of its own (nil on an embedded file, which needs no leases).
+    pub fn holder(&self) -> Uuid {
+        self.inner.engine.holder()
+    }
+
+    /// The session's lease as it stands on a shared store (`None` on an embedded file, or when
+    /// the session was never leased).
+    pub fn lease(&self, session: SessionId) -> Result<Option<LeaseState>> {
+        guard(|| {
+            self.inner
+                .engine
+                .lease(session)
+                .map_err(StoreError::Storage)
         })
     }
 
@@ -844,10 +895,29 @@ impl Store {
     /// Loads a session, balanced. If its tail turn was interrupted (the process stopped mid-turn),
     /// the crash-repair closers are appended durably before it is returned. Admitted events are
     /// flushed first. Every block's digest is checked.
+    ///
+    /// On a shared store a repair is written only under the session's lease: one is taken for it
+    /// and released after, and the load is refused ([`StoreError::HeldElsewhere`]) while another
+    /// host holds it. A session that needs no repair is read without one.
     pub fn load(&self, session: SessionId) -> Result<Loaded> {
-        guard(|| {
-            self.writable()?;
+        self.writable()?;
+        if self.is_owned(session) {
             self.check_owned_load(session)?;
+        } else if self.inner.engine.shared() {
+            self.flush_before_read(session)?;
+            let loaded = self.inspect(session)?;
+            if loaded.closers == 0 {
+                return Ok(loaded);
+            }
+            let (_owner, loaded) = self.own_and_load(session)?;
+            return Ok(loaded);
+        }
+        self.load_repairing(session)
+    }
+
+    /// [`Store::load`]'s reading and repair, with ownership already settled.
+    pub(crate) fn load_repairing(&self, session: SessionId) -> Result<Loaded> {
+        guard(|| {
             self.flush_before_read(session)?;
             let stored = read_log(&*self.view()?, session)?;
             let closers = interrupted_turn_closers(&stored.events);

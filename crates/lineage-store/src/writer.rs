@@ -13,7 +13,7 @@ use std::time::Instant;
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 
 use crate::delete::{DeleteJob, Deleted};
-use crate::engine::{Engine, SessionWrite, Written};
+use crate::engine::{Engine, LeaseState, SessionWrite, Written};
 use crate::error::EngineError;
 use crate::layout::{SessionRecord, encode_block};
 use crate::{Result, StoreError, StoreOptions};
@@ -81,6 +81,9 @@ pub(crate) struct State {
     /// Sessions whose write a commit refused, with why: their batches up to the ticket were
     /// dropped, and their flushes report it.
     pub refused: HashMap<SessionId, Refused>,
+    /// The fencing token of each lease this store holds (see the `lease` module): every write of
+    /// the session carries it.
+    pub leases: HashMap<SessionId, crate::lease::Held>,
 }
 
 /// Why a committed round refused one session's write.
@@ -98,6 +101,12 @@ pub(crate) enum Refusal {
         found: Option<u64>,
         got: u64,
     },
+    /// The session's lease forbade the write: `ours` is the token the write carried (`None`:
+    /// it held no lease), `lease` the lease as it stood.
+    Fenced {
+        ours: Option<u64>,
+        lease: Option<LeaseState>,
+    },
     Failed(EngineError),
 }
 
@@ -110,6 +119,12 @@ impl Refused {
                 index: 0,
                 expected: found.unwrap_or(0),
                 got: *got,
+            },
+            Refusal::Fenced { ours, lease } => StoreError::Fenced {
+                session,
+                fence: *ours,
+                holder: lease.as_ref().and_then(|l| l.holder),
+                current: lease.as_ref().map(|l| l.fence),
             },
             Refusal::Failed(source) => StoreError::CommitFailed {
                 source: source.clone(),
@@ -231,6 +246,8 @@ struct Job {
     /// The session's last ticket when the job was taken.
     last_ticket: u64,
     verbatim: bool,
+    /// The token of the lease held on the session when the job was taken.
+    fence: Option<u64>,
 }
 
 impl Job {
@@ -281,6 +298,7 @@ impl Job {
             expected: self.blocks[0].first_seq,
             row: row.encode(),
             blocks: values,
+            fence: self.fence,
         }
     }
 }
@@ -330,7 +348,8 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         }
         let watermark = state.next_ticket;
         let mut jobs = Vec::new();
-        for (session, tail) in state.tails.iter_mut() {
+        let taken = &mut *state;
+        for (session, tail) in taken.tails.iter_mut() {
             if tail.pending.is_empty() {
                 continue;
             }
@@ -342,6 +361,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                 blocks: std::mem::take(&mut tail.pending),
                 last_ticket: tail.last_ticket,
                 verbatim: tail.verbatim,
+                fence: taken.leases.get(session).map(|held| held.fence),
             });
         }
         let deletions = std::mem::take(&mut state.deletions);
@@ -377,6 +397,10 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                         Written::Conflict { found } => Refusal::Conflict {
                             found,
                             got: job.blocks[0].first_seq,
+                        },
+                        Written::Fenced { lease } => Refusal::Fenced {
+                            ours: job.fence,
+                            lease,
                         },
                         Written::Failed(error) => Refusal::Failed(error),
                     };
@@ -424,7 +448,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
 /// Forgets the tail of a session whose write a commit refused, with every batch admitted to it
 /// since (each was validated against an end of the log the store does not hold), so the next
 /// admission reads the session from the store again; its flushes up to `upto` report `why`.
-fn refuse(state: &mut State, session: SessionId, upto: u64, why: Refusal) {
+pub(crate) fn refuse(state: &mut State, session: SessionId, upto: u64, why: Refusal) {
     let error = Refused { upto, why };
     tracing::warn!(%session, error = %error.error(session), "a commit refused the session's write; its admitted batches are dropped");
     let upto = match state.tails.remove(&session) {

@@ -1,0 +1,117 @@
+//! Leases on a shared store: at most one host writes a session at a time.
+//!
+//! On an engine that many hosts share (PostgreSQL), owning a session ([`crate::Store::own`]) takes
+//! its lease: a holder (the store handle's id), an expiry by the database's clock, and a fencing
+//! token that every takeover raises and nothing lowers. Every write of an owned session carries
+//! the token and applies only while the lease has not been taken over; a write of a session this
+//! store does not own applies only while no other holder's lease on it is live. So a host that
+//! was paused past its lease, and woke up to write, is refused ([`crate::StoreError::Fenced`])
+//! instead of writing over the new holder's log, whatever its own clock says.
+//!
+//! A keeper thread renews every held lease each third of the lease's time; a lease it finds lost
+//! is reported to the session's pending flushes at once, and its later writes are refused by the
+//! database. Leases are released when their owner is dropped and when the store closes; the
+//! token is kept, so the next holder's is larger.
+//!
+//! An embedded file has one writer (its lock says so): there every lease is granted, token 0,
+//! and the same code runs on both engines.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::engine::Engine;
+use crate::writer::{Queue, Refusal, refuse};
+
+/// A held lease, as the writer's state keeps it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    pub fence: u64,
+    /// Set when a renewal found the lease taken over; it is then never renewed again.
+    pub lost: bool,
+}
+
+/// The thread that renews the store's leases.
+pub(crate) struct Keeper {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: JoinHandle<()>,
+}
+
+impl Keeper {
+    pub fn start(
+        engine: Arc<dyn Engine>,
+        queue: Arc<Queue>,
+        ttl: Duration,
+    ) -> std::io::Result<Keeper> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("lineage-store-leases".into())
+            .spawn(move || {
+                let (stopped, wake) = &*signal;
+                let mut stopped_now = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    stopped_now = wake
+                        .wait_timeout(stopped_now, ttl / 3)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    if *stopped_now {
+                        return;
+                    }
+                    drop(stopped_now);
+                    renew(&*engine, &queue, ttl);
+                    stopped_now = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                }
+            })?;
+        Ok(Keeper { stop, handle })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_all();
+        if self.handle.join().is_err() {
+            tracing::error!("the store's lease keeper panicked");
+        }
+    }
+}
+
+/// One renewal of every held lease. A failure to reach the database is logged and tried again
+/// next time (the lease may still be ours: the token decides).
+fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
+    let held: Vec<_> = queue
+        .lock()
+        .leases
+        .iter()
+        .filter(|(_, held)| !held.lost)
+        .map(|(session, held)| (*session, held.fence))
+        .collect();
+    if held.is_empty() {
+        return;
+    }
+    let lost = match crate::store::contained(|| engine.renew(&held, ttl)) {
+        Ok(Ok(lost)) => lost,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, leases = held.len(), "renewing the store's leases failed; trying again");
+            return;
+        }
+        Err(panic) => {
+            tracing::error!(panic, "renewing the store's leases panicked; trying again");
+            return;
+        }
+    };
+    for session in lost {
+        let lease = engine.lease(session).ok().flatten();
+        let mut state = queue.lock();
+        let Some(held) = state.leases.get_mut(&session) else {
+            continue;
+        };
+        held.lost = true;
+        let ours = Some(held.fence);
+        let upto = state.tails.get(&session).map_or(0, |tail| tail.last_ticket);
+        tracing::warn!(%session, ?lease, "the session's lease was taken over; its writes are refused from now on");
+        refuse(&mut state, session, upto, Refusal::Fenced { ours, lease });
+        queue.wake_waiters.notify_all();
+    }
+}

@@ -1,0 +1,267 @@
+//! Leases on a shared store: one host at a time owns a session, every write carries the lease's
+//! fencing token, and a host whose lease was taken over cannot write over the new holder's log.
+//! Two `Store` handles on one database are two hosts (each is a holder of its own). Expiry is
+//! the database's clock: the tests expire a lease by moving its expiry into the past, so no test
+//! waits for a clock except the renewal test, which is about time passing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use lineage_store::{Store, StoreError, StoreOptions};
+use lineage_testkit::postgres::postgres;
+
+/// Makes every live lease in the database at `url` expire now, as if its holder had stopped
+/// renewing it a lease's time ago.
+fn expire_leases(url: &str) {
+    postgres().psql(
+        url,
+        "UPDATE lineage_leases SET expires_at = now() - interval '1 second' WHERE holder IS NOT NULL",
+    );
+}
+
+/// Two hosts on one new database, and a session the first one stored.
+fn two_hosts() -> (String, Store, Store, lineage_log::SessionId) {
+    let url = postgres().create_database();
+    let a = Store::open(&url).unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    (url, a, b, id)
+}
+
+#[test]
+fn a_session_owned_by_one_host_is_held_elsewhere_for_another_until_released() {
+    let (_url, a, b, id) = two_hosts();
+    assert_ne!(
+        a.holder(),
+        b.holder(),
+        "each open store is a holder of its own"
+    );
+
+    let owner = a.own(id).unwrap();
+    let first = owner.fence().expect("a shared store gives a fencing token");
+    match b.own(id) {
+        Err(StoreError::HeldElsewhere {
+            session,
+            holder,
+            fence,
+            expires_in_ms,
+        }) => {
+            assert_eq!((session, holder, fence), (id, a.holder(), first));
+            assert!(expires_in_ms > 0);
+        }
+        other => panic!("expected HeldElsewhere, got {other:?}"),
+    }
+    let lease = b.lease(id).unwrap().expect("the lease is stored");
+    assert!(lease.is_live() && lease.holder == Some(a.holder()) && lease.fence == first);
+
+    drop(owner);
+    let released = b.lease(id).unwrap().unwrap();
+    assert_eq!((released.holder, released.fence), (None, first));
+    let taken = b.own(id).expect("a released lease is free");
+    assert!(
+        taken.fence().unwrap() > first,
+        "every owner gets a larger token"
+    );
+}
+
+#[test]
+fn a_host_whose_lease_was_taken_over_is_fenced_off_and_the_log_keeps_the_new_holders_turns() {
+    let (url, a, b, id) = two_hosts();
+    let len = a.info(id).unwrap().len;
+    let a_owner = a.own(id).unwrap();
+    a.append(id, &completed_turn(2, len, "a's, under its lease"))
+        .unwrap();
+
+    // A stops renewing (paused, say); its lease runs out and B takes the session over.
+    expire_leases(&url);
+    let b_owner = b.own(id).unwrap();
+    assert!(b_owner.fence() > a_owner.fence());
+    let at = b.info(id).unwrap().len;
+    assert_eq!(at, len + 6, "the new holder reads what the last one wrote");
+    let bs = completed_turn(3, at, "b's, after the takeover");
+    b.append(id, &bs).unwrap();
+
+    // A wakes up and writes where it thinks the log ends: refused by the token, not by its clock.
+    match a.append(id, &completed_turn(3, at, "a's, too late")) {
+        Err(StoreError::Fenced {
+            session,
+            fence,
+            holder,
+            current,
+        }) => {
+            assert_eq!(session, id);
+            assert_eq!(fence, a_owner.fence());
+            assert_eq!(holder, Some(b.holder()));
+            assert_eq!(current, b_owner.fence());
+        }
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(b.read_from(id, at).unwrap(), bs, "nothing of A's late turn");
+    assert_intact(&b.verify().unwrap());
+
+    // Its owner going away releases nothing: the lease is B's.
+    drop(a_owner);
+    assert_eq!(b.lease(id).unwrap().unwrap().holder, Some(b.holder()));
+}
+
+#[test]
+fn a_write_without_the_lease_is_refused_while_another_host_holds_it() {
+    let (_url, a, b, id) = two_hosts();
+    let len = a.info(id).unwrap().len;
+    let owner = a.own(id).unwrap();
+    b.load(id).unwrap();
+    match b.append(id, &completed_turn(2, len, "b's, without a lease")) {
+        Err(StoreError::Fenced {
+            fence: None,
+            holder,
+            current,
+            ..
+        }) => assert_eq!((holder, current), (Some(a.holder()), owner.fence())),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(a.info(id).unwrap().len, len, "nothing was written");
+    // Once A lets go, B writes as anyone may write an unleased session.
+    drop(owner);
+    b.load(id).unwrap();
+    b.append(id, &completed_turn(2, len, "b's")).unwrap();
+    assert_eq!(a.info(id).unwrap().len, len + 6);
+}
+
+#[test]
+fn a_torn_turn_is_repaired_only_by_the_host_that_holds_or_takes_the_lease() {
+    let url = postgres().create_database();
+    let a = Store::open(&url).unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &open_turn_log()).unwrap();
+    let torn = a.info(id).unwrap().len;
+
+    let owner = a.own(id).unwrap();
+    // Another host reads the session as an inspection; it may not write the repair.
+    let seen = b.inspect(id).unwrap();
+    assert_eq!(seen.closers, 4);
+    assert!(matches!(
+        b.load(id),
+        Err(StoreError::HeldElsewhere { holder, .. }) if holder == a.holder()
+    ));
+    assert_eq!(a.info(id).unwrap().len, torn, "no closers were written");
+
+    // A stops renewing and its lease runs out: B takes the lease for the repair and lets it go.
+    std::mem::forget(owner);
+    expire_leases(&url);
+    let loaded = b.load(id).unwrap();
+    assert_eq!(loaded.closers, 4);
+    assert_eq!(b.info(id).unwrap().len, torn + 4, "the closers are durable");
+    let lease = b.lease(id).unwrap().unwrap();
+    assert_eq!(lease.holder, None, "the repair's lease is released");
+    assert_eq!(loaded.events, b.inspect(id).unwrap().events);
+    assert_intact(&b.verify().unwrap());
+}
+
+#[test]
+fn a_host_that_resumes_a_session_owns_it_and_repairs_it_under_its_lease() {
+    let url = postgres().create_database();
+    let a = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &open_turn_log()).unwrap();
+    let torn = a.info(id).unwrap().len;
+    drop(a);
+
+    let b = Store::open(&url).unwrap();
+    let (owner, loaded) = b.own_and_load(id).unwrap();
+    assert_eq!((loaded.closers, b.info(id).unwrap().len), (4, torn + 4));
+    let lease = b.lease(id).unwrap().unwrap();
+    assert_eq!(
+        (lease.holder, Some(lease.fence)),
+        (Some(b.holder()), owner.fence())
+    );
+    // It keeps writing under the lease.
+    b.append(id, &completed_turn(3, torn + 4, "after the repair"))
+        .unwrap();
+}
+
+#[test]
+fn a_restarted_host_is_a_new_holder_and_waits_out_its_predecessors_lease() {
+    let (url, a, _b, id) = two_hosts();
+    let before = a.own(id).unwrap();
+    // The process dies without releasing (its store is never closed).
+    std::mem::forget(before);
+    std::mem::forget(a);
+
+    let again = Store::open(&url).unwrap();
+    assert!(matches!(
+        again.own(id),
+        Err(StoreError::HeldElsewhere { .. })
+    ));
+    expire_leases(&url);
+    let owner = again.own(id).unwrap();
+    assert_eq!(owner.fence(), Some(2));
+}
+
+#[test]
+fn closing_a_store_releases_its_leases() {
+    let (_url, a, b, id) = two_hosts();
+    let owner = a.own(id).unwrap();
+    let fence = owner.fence();
+    std::mem::forget(owner);
+    a.close().unwrap();
+    let lease = b.lease(id).unwrap().unwrap();
+    assert_eq!((lease.holder, Some(lease.fence)), (None, fence));
+    let _taken = b.own(id).expect("the closed host's lease is free");
+}
+
+#[test]
+fn a_held_lease_is_renewed_while_its_owner_lives_and_a_lost_one_fails_the_pending_flushes() {
+    let url = postgres().create_database();
+    let ttl = Duration::from_millis(450);
+    let short = StoreOptions {
+        lease_ttl: ttl,
+        // Admitted batches wait for a flush, so one is pending when the lease is lost.
+        commit_window: Duration::from_secs(3600),
+        ..StoreOptions::default()
+    };
+    let a = Store::open_with(&url, short).unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let len = a.info(id).unwrap().len;
+    let owner = a.own(id).unwrap();
+
+    // Three lease times pass; the keeper renews it all along, so B never gets it.
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        assert!(matches!(b.own(id), Err(StoreError::HeldElsewhere { .. })));
+        std::thread::sleep(ttl / 5);
+    }
+
+    // A's batch waits; meanwhile its lease is taken over.
+    a.admit(id, &completed_turn(2, len, "a's")).unwrap();
+    expire_leases(&url);
+    let b_owner = b.own(id).unwrap();
+    match a.flush(id) {
+        Err(StoreError::Fenced { fence, current, .. }) => {
+            assert_eq!((fence, current), (owner.fence(), b_owner.fence()));
+        }
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(b.info(id).unwrap().len, len);
+}
+
+#[test]
+fn on_an_embedded_file_every_owner_is_the_only_writer_and_needs_no_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lineage")).unwrap();
+    let (id, header) = fresh();
+    store.import(header, &open_turn_log()).unwrap();
+    assert!(store.holder().is_nil());
+    let (owner, loaded) = store.own_and_load(id).unwrap();
+    assert_eq!((owner.fence(), loaded.closers), (None, 4));
+    assert_eq!(store.lease(id).unwrap(), None);
+    assert!(matches!(
+        store.own(id),
+        Err(StoreError::AlreadyOwned { .. })
+    ));
+}

@@ -165,6 +165,9 @@ struct State {
     /// Disposed without having written anything: the store forgot the session and its id is free,
     /// so nothing more may be appended under it.
     released: bool,
+    /// The store refused a write because another host took the session over (its lease's
+    /// fencing token moved on): the agent writes nothing more and disposes of itself.
+    fenced: Option<Arc<StoreError>>,
     subscribers: Vec<mpsc::UnboundedSender<AgentEvent>>,
 }
 
@@ -267,6 +270,7 @@ impl Agent {
                 phase: Phase::Idle { last_turn },
                 disposing: false,
                 released: false,
+                fenced: None,
                 subscribers: Vec::new(),
             }),
             idle: watch::Sender::new(true),
@@ -613,11 +617,16 @@ impl Agent {
         }
         self.when_idle().await;
         let fault = lock(&self.flush_fault).as_ref().map(|fault| fault());
-        let outcome = match fault {
-            Some(error) => Err(Arc::new(error)),
-            None => self.flush_store().await.map_err(Arc::new),
+        let fenced = lock(&self.state).fenced.clone();
+        let outcome = match (fault, fenced) {
+            // Nothing more is the agent's to write: its final flush would only be refused.
+            (_, Some(fenced)) => Err(fenced),
+            (Some(error), None) => Err(Arc::new(error)),
+            (None, None) => self.flush_store().await.map_err(Arc::new),
         };
-        if let Err(error) = &outcome {
+        if let Err(error) = &outcome
+            && !self.is_fenced()
+        {
             self.diagnose(
                 DiagnosticKind::FinalFlushFailed,
                 format!("the final flush of disposal failed: {error}"),
@@ -655,6 +664,12 @@ impl Agent {
         if st.released {
             return Err(AgentError::NotLive { agent: self.id });
         }
+        if let Some(fenced) = &st.fenced {
+            return Err(AgentError::Fenced {
+                agent: self.id,
+                reason: fenced.to_string(),
+            });
+        }
         let event = Event::new(st.log.next_seq(), now_ms(), body);
         let batch = std::slice::from_ref(&event);
         let log_error = |source| AgentError::Log {
@@ -662,12 +677,9 @@ impl Agent {
             source,
         };
         check_append(st.log.structure(), batch).map_err(log_error)?;
-        self.store
-            .admit(self.id, batch)
-            .map_err(|source| AgentError::Store {
-                agent: self.id,
-                source,
-            })?;
+        if let Err(source) = self.store.admit(self.id, batch) {
+            return Err(self.store_failed(st, source));
+        }
         let seq = event.seq;
         let published = (!st.subscribers.is_empty()).then(|| event.clone());
         st.log.append(vec![event]).map_err(log_error)?;
@@ -716,12 +728,52 @@ impl Agent {
     /// Cancel safety: dropping the future stops only the wait; the flush completes in the store's
     /// writer, and a later flush covers everything this one did.
     pub async fn flush(&self) -> Result<(), AgentError> {
-        self.flush_store()
-            .await
-            .map_err(|source| AgentError::Store {
+        match self.flush_store().await {
+            Ok(()) => Ok(()),
+            Err(source) => Err(self.store_failed(&mut lock(&self.state), source)),
+        }
+    }
+
+    /// Whether another host took the agent's session over: it writes nothing more, and disposes
+    /// of itself (see [`DiagnosticKind::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        lock(&self.state).fenced.is_some()
+    }
+
+    /// The error for a failed store operation. A write refused because another host took the
+    /// session over stops the agent: its turn is cancelled, nothing more is written (not even
+    /// the turn's closing events: the session is the new holder's to repair), the host is told
+    /// with a [`DiagnosticKind::Fenced`] diagnostic, and the agent disposes of itself.
+    fn store_failed(&self, st: &mut State, source: StoreError) -> AgentError {
+        if !matches!(source, StoreError::Fenced { .. }) || st.fenced.is_some() {
+            return AgentError::Store {
                 agent: self.id,
                 source,
-            })
+            };
+        }
+        let reason = source.to_string();
+        tracing::warn!(agent = %self.id, %reason, "another host took the session over; the agent stops");
+        st.fenced = Some(Arc::new(source));
+        if let Phase::Running(r) = &st.phase {
+            r.cancel.cancel(AbortCause::Disposed);
+        }
+        let diagnostic = Diagnostic {
+            agent: self.id,
+            kind: DiagnosticKind::Fenced,
+            reason: reason.clone(),
+        };
+        publish(st, AgentEvent::Diagnostic(diagnostic.clone()));
+        if let Some(registry) = self.registry.upgrade() {
+            registry.broadcast(RegistryEvent::Diagnostic(diagnostic));
+            if let Some(me) = registry.live(self) {
+                self.runtime
+                    .spawn(async move { me.dispose_with(Queued::Keep).await });
+            }
+        }
+        AgentError::Fenced {
+            agent: self.id,
+            reason,
+        }
     }
 
     async fn flush_store(&self) -> Result<(), StoreError> {

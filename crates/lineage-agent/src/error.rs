@@ -19,6 +19,15 @@ pub enum AgentError {
         #[source]
         source: StoreError,
     },
+    /// Another host took the agent's session over (see
+    /// [`DiagnosticKind::Fenced`](crate::DiagnosticKind::Fenced)): the agent writes nothing more.
+    #[error("agent {agent} stopped: another host took its session over ({reason})")]
+    Fenced {
+        /// The agent.
+        agent: SessionId,
+        /// The store's refusal, in words.
+        reason: String,
+    },
     /// An event the agent was about to append breaks a log rule (a bug in the caller's input,
     /// such as a message with the wrong role).
     #[error("agent {agent}: {source}")]

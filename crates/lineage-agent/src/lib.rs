@@ -43,7 +43,7 @@ pub use model::{
     ABORTED, Assembler, ChunkStream, MODEL_PANICKED, Model, ModelError, ModelRequest, ToolSchema,
 };
 pub use prompt::Prompt;
-pub use registry::{AgentSpec, Agents, CreateAgent, DEFAULT_MAX_PARALLEL_TOOLS, Seed};
+pub use registry::{AgentSpec, Agents, CreateAgent, DEFAULT_MAX_PARALLEL_TOOLS, LEASE_EVENT, Seed};
 pub use scripted::{Gate, Response, SCRIPT_EXHAUSTED, ScriptedCall, ScriptedModel};
 pub use tool::{
     ABORTED_BEFORE_DISPATCH, BoxFuture, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, Tool,

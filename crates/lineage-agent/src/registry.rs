@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lineage_log::{
-    Event, EventBody, ForkSpec, Header, Log, SessionId, Text, ToolFilter, setup_events,
+    Custom, Event, EventBody, ForkSpec, Header, Log, SessionId, Text, ToolFilter, setup_events,
 };
-use lineage_store::{Store, StoreError};
+use lineage_store::{SessionOwner, Store, StoreError};
 use tokio::runtime::Handle;
 
 use crate::agent::{Config, lock};
@@ -167,6 +167,14 @@ impl Registry {
         lock(&self.watchers).retain(|w| w.send(event.clone()).is_ok());
     }
 
+    /// The live agent that is `agent` (the same allocation), if it still is.
+    pub(crate) fn live(&self, agent: &Agent) -> Option<Arc<Agent>> {
+        match lock(&self.slots).get(&agent.id()) {
+            Some(Slot::Live(live)) if std::ptr::eq(Arc::as_ptr(live), agent) => Some(live.clone()),
+            _ => None,
+        }
+    }
+
     /// Forgets `agent`, if it is still the live agent under its id.
     pub(crate) fn remove(&self, agent: &Arc<Agent>) {
         let mut slots = lock(&self.slots);
@@ -297,6 +305,7 @@ impl Agents {
         options: AgentOptions,
         (log, own_meter): (Log, Option<Arc<Meter>>),
         (config, tools): (Config, Toolset),
+        owner: SessionOwner,
         resumed: bool,
     ) -> Result<Arc<Agent>, AgentError> {
         let id = header.id;
@@ -308,11 +317,6 @@ impl Agents {
             .map(|parent| parent.tree_meters())
             .unwrap_or_default();
         let meters = own_meter.into_iter().chain(inherited).collect();
-        let owner = self
-            .inner
-            .store
-            .own(id)
-            .map_err(|source| AgentError::Store { agent: id, source })?;
         let agent = Agent::new(
             header,
             options,
@@ -390,7 +394,7 @@ impl Agents {
         let reservation = self.reserve(id)?;
         let (config, tools) = self.config(id, &spec)?;
         let store_error = |source| AgentError::Store { agent: id, source };
-        let (header, log) = match seed {
+        let (header, log, owner) = match seed {
             Seed::Fresh | Seed::Events(_) => {
                 let mut events = match seed {
                     Seed::Events(events) => events,
@@ -407,10 +411,13 @@ impl Agents {
                 let store = self.inner.store.clone();
                 let (h, written) = (header.clone(), log.events().to_vec());
                 // An import even of no events, so the header is checked against the log.
-                blocking(move || store.import(h, &written))
-                    .await
-                    .map_err(store_error)?;
-                (header, log)
+                let owner = blocking(move || {
+                    store.import(h, &written)?;
+                    store.own(id)
+                })
+                .await
+                .map_err(store_error)?;
+                (header, log, owner)
             }
             Seed::Fork {
                 parent,
@@ -435,29 +442,31 @@ impl Agents {
                     agent_preset: header.agent_preset.clone(),
                 };
                 let store = self.inner.store.clone();
-                let header = blocking(move || {
+                let (header, owner, loaded) = blocking(move || {
                     let header = store.fork_with_setup(parent, &spec, setup)?;
-                    let loaded = store.load(spec.child)?;
-                    Ok((header, loaded.events))
+                    let (owner, loaded) = store.own_and_load(spec.child)?;
+                    Ok((header, owner, loaded))
                 })
                 .await
                 .map_err(store_error)?;
-                let (header, events) = header;
-                let log = Log::from_seed(events)
+                let log = Log::from_seed(loaded.events)
                     .map_err(|source| AgentError::Log { agent: id, source })?;
-                (header, log)
+                (header, log, owner)
             }
         };
         // A new session has no descendants yet to charge a tree budget.
         let meter = budget::own_meter(id, log.events(), wall_ms(), |_| BudgetUse::default())?;
+        let fence = owner.fence();
         let agent = self.publish(
             reservation,
             header,
             spec.options,
             (log, meter),
             (config, tools),
+            owner,
             false,
         )?;
+        self.record_lease(&agent, fence).await?;
         tracing::debug!(agent = %id, "agent created");
         Ok(agent)
     }
@@ -475,7 +484,9 @@ impl Agents {
         let (config, tools) = self.config(id, &spec)?;
         let store = self.inner.store.clone();
         let store_error = |source| AgentError::Store { agent: id, source };
-        let mut loaded = blocking(move || store.load(id))
+        // Owned before it is read, so on a shared store no other host writes it from here on,
+        // and only this one repairs it.
+        let (owner, mut loaded) = blocking(move || store.own_and_load(id))
             .await
             .map_err(store_error)?;
         if let Some(budget) = spec.budget
@@ -500,16 +511,37 @@ impl Agents {
         let meter = budget::own_meter(id, &loaded.events, wall_ms(), |_| descendants_use)?;
         let log = Log::from_seed(loaded.events)
             .map_err(|source| AgentError::Log { agent: id, source })?;
+        let fence = owner.fence();
         let agent = self.publish(
             reservation,
             loaded.header,
             spec.options,
             (log, meter),
             (config, tools),
+            owner,
             true,
         )?;
+        self.record_lease(&agent, fence).await?;
         tracing::debug!(agent = %id, "agent resumed");
         Ok(agent)
+    }
+
+    /// On a shared store, records in the agent's log the lease it runs under (the holder and
+    /// its fencing token, a `lineage.agent/lease` custom event), so the log shows each host's
+    /// tenure with tokens that only grow. An agent whose record fails is disposed of again.
+    async fn record_lease(&self, agent: &Arc<Agent>, fence: Option<u64>) -> Result<(), AgentError> {
+        let Some(fence) = fence else {
+            return Ok(());
+        };
+        let event = lease_event(self.inner.store.holder(), fence);
+        let recorded = match agent.record(event) {
+            Ok(_) => agent.flush().await,
+            Err(error) => Err(error),
+        };
+        if recorded.is_err() {
+            agent.dispose().await;
+        }
+        recorded
     }
 
     /// Disposes of the live agent `id` (see [`Agent::dispose`]). Returns whether one was live.
@@ -548,6 +580,18 @@ impl Agents {
             // The failure is already published as a diagnostic.
             let _ = agent.shut_down().await;
         }
+    }
+}
+
+/// The custom event type recording the lease an agent runs under on a shared store.
+pub const LEASE_EVENT: &str = "lineage.agent/lease";
+
+/// The `lineage.agent/lease` event: `{"holder": <the store's holder id>, "fence": <token>}`.
+fn lease_event(holder: impl std::fmt::Display, fence: u64) -> Custom {
+    Custom {
+        type_name: LEASE_EVENT.into(),
+        payload: format!(r#"{{"holder":"{holder}","fence":{fence}}}"#).into(),
+        ignorable: true,
     }
 }
 

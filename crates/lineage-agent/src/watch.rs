@@ -19,6 +19,10 @@ pub enum DiagnosticKind {
     NoticeUndelivered,
     /// A teardown (of a child's activation, for example) failed.
     TeardownFailed,
+    /// The store refused the agent's write because another host took its session over (on a
+    /// shared store, the session's lease passed to another holder): the agent wrote nothing
+    /// more and disposed of itself; the session is the other host's now.
+    Fenced,
 }
 
 /// A failure of best-effort work, as the host sees it.

@@ -88,6 +88,7 @@ pub(crate) struct SessionWrite {
     /// The fencing token of the lease this store holds on the session, if it holds one: the
     /// write applies only while that lease has not been taken over. Without one, the write
     /// applies only while no other holder's lease on the session is live.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub fence: Option<u64>,
 }
 
@@ -194,12 +195,48 @@ pub(crate) trait Engine: Send + Sync {
     fn lease(&self, _session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
         Ok(None)
     }
+
+    /// Puts `mail` in the mailbox unless mail with its id is there; says whether it was put.
+    fn post(&self, _mail: &Mail) -> std::result::Result<bool, EngineError> {
+        Err(EngineError::new(
+            crate::EngineErrorKind::Other,
+            "an embedded store has no mailbox: its one writer keeps every session",
+        ))
+    }
+
+    /// The mail waiting for any of `recipients`, in the order it was posted.
+    fn mail_for(&self, _recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    /// Removes the mail with these ids; returns the ids it removed (mail another caller removed
+    /// first is not among them).
+    fn take_mail(&self, _ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A message in a shared store's mailbox, for the host that keeps its recipient resident: how
+/// hosts deliver to sessions another host holds. The store keeps it opaque.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mail {
+    /// The mail's id: posting mail with an id already waiting posts nothing.
+    pub id: uuid::Uuid,
+    /// The session it is for.
+    pub recipient: SessionId,
+    /// The session it is from.
+    pub sender: SessionId,
+    /// What it says, in the poster's encoding.
+    pub body: Vec<u8>,
 }
 
 /// The answer to [`Engine::acquire`].
 #[derive(Clone, Debug)]
 pub(crate) enum Acquired {
-    Granted { fence: u64 },
+    Granted {
+        fence: u64,
+    },
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     HeldElsewhere(LeaseState),
 }
 

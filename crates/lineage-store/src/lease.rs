@@ -115,3 +115,35 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
         queue.wake_waiters.notify_all();
     }
 }
+
+impl crate::Store {
+    /// Whether other hosts may share this store (PostgreSQL), so that leases and the mailbox
+    /// mean something; an embedded file has one writer.
+    pub fn is_shared(&self) -> bool {
+        self.inner.engine.shared()
+    }
+
+    /// Posts `mail` for the host that keeps its recipient resident (see [`crate::Mail`]); says
+    /// whether it was new. Only a shared store has a mailbox.
+    pub fn post(&self, mail: &crate::Mail) -> crate::Result<bool> {
+        self.writable()?;
+        crate::store::guard(|| self.inner.engine.post(mail).map_err(crate::StoreError::Storage))
+    }
+
+    /// The mail waiting for any of `recipients`, in posting order. It stays waiting until taken.
+    pub fn mail_for(&self, recipients: &[lineage_log::SessionId]) -> crate::Result<Vec<crate::Mail>> {
+        crate::store::guard(|| {
+            self.inner
+                .engine
+                .mail_for(recipients)
+                .map_err(crate::StoreError::Storage)
+        })
+    }
+
+    /// Takes the mail with these ids out of the mailbox; returns the ids this call took. Of two
+    /// hosts taking one piece of mail, exactly one gets its id back.
+    pub fn take_mail(&self, ids: &[uuid::Uuid]) -> crate::Result<Vec<uuid::Uuid>> {
+        self.writable()?;
+        crate::store::guard(|| self.inner.engine.take_mail(ids).map_err(crate::StoreError::Storage))
+    }
+}

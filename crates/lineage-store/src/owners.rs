@@ -119,11 +119,12 @@ impl Store {
                 let mut state = self.inner.queue.lock();
                 state.leases.insert(session, Held { fence, lost: false });
                 owner.fence = Some(fence);
-                // Another host may have written since this store last read the session.
+                // Another host may have written since this store last read the session (a
+                // session created here and not yet written is this store's alone).
                 if state
                     .tails
                     .get(&session)
-                    .is_some_and(|t| t.pending.is_empty())
+                    .is_some_and(|t| t.row_written && t.pending.is_empty())
                 {
                     state.tails.remove(&session);
                 }

@@ -31,8 +31,8 @@ use uuid::Uuid;
 
 use crate::delete::DeleteJob;
 use crate::engine::{
-    Acquired, Blocks, Bytes, Committed, Engine, LeaseState, Removal, Removed, SessionWrite, View,
-    Written, block_count, redact,
+    Acquired, Blocks, Bytes, Committed, Engine, LeaseState, Mail, Removal, Removed, SessionWrite,
+    View, Written, block_count, redact,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
@@ -50,6 +50,14 @@ CREATE TABLE lineage_blocks (
 );
 CREATE TABLE lineage_children (parent uuid NOT NULL, child uuid NOT NULL, PRIMARY KEY (parent, child));
 CREATE INDEX lineage_children_by_child ON lineage_children (child);
+CREATE TABLE lineage_mailbox (
+    id uuid PRIMARY KEY,
+    posted bigserial NOT NULL,
+    recipient uuid NOT NULL,
+    sender uuid NOT NULL,
+    body bytea NOT NULL
+);
+CREATE INDEX lineage_mailbox_by_recipient ON lineage_mailbox (recipient, posted);
 CREATE TABLE lineage_leases (
     session uuid PRIMARY KEY,
     holder uuid,
@@ -86,6 +94,9 @@ struct Statements {
     acquire: Statement,
     renew: Statement,
     release: Statement,
+    post: Statement,
+    mail_for: Statement,
+    take_mail: Statement,
 }
 
 const ROW: &str = "SELECT row FROM lineage_sessions WHERE id = $1";
@@ -174,6 +185,11 @@ UPDATE lineage_leases AS l SET expires_at = now() + $2::float8 * interval '1 mil
 FROM unnest($3::uuid[], $4::bigint[]) AS h (session, fence)
 WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1
 RETURNING l.session";
+const POST: &str = "INSERT INTO lineage_mailbox (id, recipient, sender, body) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (id) DO NOTHING";
+const MAIL_FOR: &str = "SELECT id, recipient, sender, body FROM lineage_mailbox \
+     WHERE recipient = ANY($1) ORDER BY posted";
+const TAKE_MAIL: &str = "DELETE FROM lineage_mailbox WHERE id = ANY($1) RETURNING id";
 /// Gives a lease up, keeping its token.
 const RELEASE: &str = "
 UPDATE lineage_leases SET holder = NULL, expires_at = NULL
@@ -326,7 +342,7 @@ impl Shared {
         let (create_session, extend_session) = (create_session(), extend_session());
         self.runtime
             .run(async move {
-                // Sent together: one round trip's wait, not eighteen.
+                // Sent together: one round trip's wait, not one per statement.
                 let prepared = tokio::join!(
                     client.prepare(ROW),
                     client.prepare(ROWS),
@@ -346,6 +362,9 @@ impl Shared {
                     client.prepare(ACQUIRE),
                     client.prepare(RENEW),
                     client.prepare(RELEASE),
+                    client.prepare(POST),
+                    client.prepare(MAIL_FOR),
+                    client.prepare(TAKE_MAIL),
                 );
                 let st = Statements {
                     row: prepared.0?,
@@ -366,6 +385,9 @@ impl Shared {
                     acquire: prepared.15?,
                     renew: prepared.16?,
                     release: prepared.17?,
+                    post: prepared.18?,
+                    mail_for: prepared.19?,
+                    take_mail: prepared.20?,
                 };
                 Ok(Arc::new(Conn { client, st }))
             })?
@@ -754,6 +776,45 @@ impl Engine for PgEngine {
                 .await
         })?;
         Ok(())
+    }
+
+    fn post(&self, mail: &Mail) -> std::result::Result<bool, EngineError> {
+        let (id, recipient, sender, body) = (
+            mail.id,
+            uuid_of(mail.recipient),
+            uuid_of(mail.sender),
+            mail.body.clone(),
+        );
+        let posted = self.on_idle(move |c| async move {
+            c.client
+                .execute(&c.st.post, &[&id, &recipient, &sender, &body])
+                .await
+        })?;
+        Ok(posted == 1)
+    }
+
+    fn mail_for(&self, recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError> {
+        let recipients: Vec<Uuid> = recipients.iter().map(|s| uuid_of(*s)).collect();
+        let rows = self.on_idle(move |c| async move {
+            c.client.query(&c.st.mail_for, &[&recipients]).await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|row| Mail {
+                id: row.get(0),
+                recipient: SessionId::from_u128(row.get::<_, Uuid>(1).as_u128()),
+                sender: SessionId::from_u128(row.get::<_, Uuid>(2).as_u128()),
+                body: row.get(3),
+            })
+            .collect())
+    }
+
+    fn take_mail(&self, ids: &[Uuid]) -> std::result::Result<Vec<Uuid>, EngineError> {
+        let ids = ids.to_vec();
+        let rows = self.on_idle(move |c| async move {
+            c.client.query(&c.st.take_mail, &[&ids]).await
+        })?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     fn lease(&self, session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {

@@ -265,3 +265,63 @@ fn on_an_embedded_file_every_owner_is_the_only_writer_and_needs_no_lease() {
         Err(StoreError::AlreadyOwned { .. })
     ));
 }
+
+#[test]
+fn a_session_created_here_and_not_yet_written_stays_this_hosts_when_owned() {
+    let url = postgres().create_database();
+    let store = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    store.create(header).unwrap();
+    let owner = store.own(id).unwrap();
+    store.append(id, &completed_turns(1)).unwrap();
+    assert_eq!(store.info(id).unwrap().len, 6);
+    drop(owner);
+}
+
+#[test]
+fn mail_is_posted_once_read_in_posting_order_and_taken_by_exactly_one_host() {
+    let (_url, a, b, id) = two_hosts();
+    let (other, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let mail = |n: u8, recipient| lineage_store::Mail {
+        id: uuid::Uuid::now_v7(),
+        recipient,
+        sender: other,
+        body: vec![n; 3],
+    };
+    let (first, second, elsewhere) = (mail(1, id), mail(2, id), mail(3, other));
+    for m in [&first, &second, &elsewhere] {
+        assert!(b.post(m).unwrap());
+    }
+    assert!(!b.post(&first).unwrap(), "posting the same mail again posts nothing");
+    assert_eq!(a.mail_for(&[id]).unwrap(), vec![first.clone(), second.clone()]);
+
+    // Two hosts race to take the same mail: each piece goes to exactly one of them.
+    let ids = [first.id, second.id];
+    let (took_a, took_b) = std::thread::scope(|s| {
+        let ta = s.spawn(|| a.take_mail(&ids).unwrap());
+        let tb = s.spawn(|| b.take_mail(&ids).unwrap());
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    let mut took: Vec<_> = took_a.into_iter().chain(took_b).collect();
+    took.sort();
+    assert_eq!(took, ids.to_vec());
+    assert!(a.mail_for(&[id]).unwrap().is_empty());
+    assert_eq!(a.mail_for(&[id, other]).unwrap(), vec![elsewhere]);
+}
+
+#[test]
+fn an_embedded_file_has_no_mailbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lineage")).unwrap();
+    let (id, _) = fresh();
+    assert!(!store.is_shared());
+    let mail = lineage_store::Mail {
+        id: uuid::Uuid::now_v7(),
+        recipient: id,
+        sender: id,
+        body: Vec::new(),
+    };
+    assert!(store.post(&mail).is_err());
+    assert!(store.mail_for(&[id]).unwrap().is_empty());
+}

@@ -145,7 +145,11 @@ impl SubagentRuntime {
             },
             None => terminal,
         };
-        self.notify_settlement(activation, &terminal);
+        // A child another host took over has not settled: it lives on there, and that host
+        // tells the parent when it does.
+        if !activation.agent.is_fenced() {
+            self.notify_settlement(activation, &terminal);
+        }
         self.continuation().release_ownership(id);
         self.emit(&Lifecycle::End {
             info: activation.run.clone(),

@@ -5,13 +5,17 @@
 
 use std::sync::Arc;
 
-use lineage::agent::{CreateAgent, DiagnosticKind, LEASE_EVENT, RegistryEvent, Response};
-use lineage::log::{Event, EventBody, SessionId};
+use std::time::{Duration, Instant};
+
+use lineage::agent::{
+    Cancellation, CreateAgent, DiagnosticKind, Gate, LEASE_EVENT, RegistryEvent, Response,
+};
+use lineage::log::{ContentBlock, Event, EventBody, MessageSource, SessionId};
 use lineage::store::Store;
 use lineage::subagent::Host;
 use lineage_testkit::postgres::postgres;
-use lineage_testkit::read::assert_balanced;
-use lineage_testkit::subagent::{PARENT, Router, parent_spec};
+use lineage_testkit::read::{assert_balanced, notice_sender, settled_notices, user_texts};
+use lineage_testkit::subagent::{PARENT, Router, continuable, parent_spec};
 
 /// Makes every live lease in the database expire now, as if its holder had stopped renewing it
 /// a lease's time ago.
@@ -109,6 +113,111 @@ async fn a_host_whose_session_was_taken_over_stops_its_agent_and_writes_nothing_
     router.script(PARENT, [Response::text("second answer, from host B")]);
     let outcome = b.run(&on_b, "second question").await.unwrap();
     assert_eq!(outcome.text(), "second answer, from host B");
+    assert!(
+        b.store
+            .verify()
+            .unwrap()
+            .sessions
+            .iter()
+            .all(|s| s.problems.is_empty())
+    );
+}
+
+/// Polls `done` until it holds; the hosts work on their own threads and the database's clock.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_resident_on_one_host_takes_a_follow_up_from_its_parent_on_another() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    let gate = Gate::new();
+    router.script(
+        PARENT,
+        [Response::text("started c"), Response::text("noted")],
+    );
+    router.script(
+        "c",
+        [
+            Response::text("c's first turn").gated(&gate),
+            Response::text("c's second turn"),
+        ],
+    );
+
+    // Host A: the lead starts a continuable child, which stays resident on A, mid-turn.
+    let a = host(&url, &router);
+    let lead = a
+        .agents
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let lead_id = lead.id();
+    let started = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, "c", "first job"))
+        .await
+        .unwrap();
+    let child = started.child;
+    lead.when_idle().await;
+    // The lead moves to host B (A lets it go; its child stays with A).
+    a.agents.dispose(lead_id).await;
+    let b = host(&url, &router);
+    let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
+    assert!(a.subagents.is_resident(child));
+
+    // B's follow-up reaches the child on A by mail.
+    let sent_at = Instant::now();
+    let id = b
+        .subagents
+        .followup(
+            &lead_b,
+            child,
+            vec![ContentBlock::text("second job")],
+            MessageSource::Coordinator { sender: lead_id },
+            &Cancellation::new(),
+        )
+        .await
+        .expect("the follow-up is accepted by the host that keeps the child");
+    let latency = sent_at.elapsed();
+    eprintln!("follow-up across hosts accepted in {latency:?}");
+    let on_a = a.agents.get(child).expect("the child is still on A");
+    assert!(on_a.with_events(|events| {
+        events.iter().any(|e| matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| m.id == id)))
+    }));
+
+    // The child runs both turns on A, settles, and its notice reaches the lead on B.
+    gate.open();
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&lead_b.events()).is_empty()
+    })
+    .await;
+    eventually("the child is torn down on A", || {
+        !a.subagents.is_resident(child)
+    })
+    .await;
+    let notices = settled_notices(&lead_b.events());
+    assert_eq!(notices.len(), 1, "one notice: {notices:?}");
+    assert_eq!(notice_sender(&notices[0]), child);
+
+    let child_log = stored(&url, child);
+    assert_eq!(
+        user_texts(&child_log),
+        ["first job", "second job"],
+        "the follow-up entered the child once"
+    );
+    assert_balanced(&child_log);
+    assert!(
+        b.store.mail_for(&[child, lead_id]).unwrap().is_empty(),
+        "no mail is left"
+    );
     assert!(
         b.store
             .verify()

@@ -300,12 +300,11 @@ impl Agents {
     /// tree budgets, and makes it the live agent under its reserved id.
     fn publish(
         &self,
-        mut reservation: Reservation<'_>,
+        (mut reservation, owner): (Reservation<'_>, SessionOwner),
         header: Header,
         options: AgentOptions,
         (log, own_meter): (Log, Option<Arc<Meter>>),
         (config, tools): (Config, Toolset),
-        owner: SessionOwner,
         resumed: bool,
     ) -> Result<Arc<Agent>, AgentError> {
         let id = header.id;
@@ -458,12 +457,11 @@ impl Agents {
         let meter = budget::own_meter(id, log.events(), wall_ms(), |_| BudgetUse::default())?;
         let fence = owner.fence();
         let agent = self.publish(
-            reservation,
+            (reservation, owner),
             header,
             spec.options,
             (log, meter),
             (config, tools),
-            owner,
             false,
         )?;
         self.record_lease(&agent, fence).await?;
@@ -513,12 +511,11 @@ impl Agents {
             .map_err(|source| AgentError::Log { agent: id, source })?;
         let fence = owner.fence();
         let agent = self.publish(
-            reservation,
+            (reservation, owner),
             loaded.header,
             spec.options,
             (log, meter),
             (config, tools),
-            owner,
             true,
         )?;
         self.record_lease(&agent, fence).await?;

@@ -127,11 +127,19 @@ impl crate::Store {
     /// whether it was new. Only a shared store has a mailbox.
     pub fn post(&self, mail: &crate::Mail) -> crate::Result<bool> {
         self.writable()?;
-        crate::store::guard(|| self.inner.engine.post(mail).map_err(crate::StoreError::Storage))
+        crate::store::guard(|| {
+            self.inner
+                .engine
+                .post(mail)
+                .map_err(crate::StoreError::Storage)
+        })
     }
 
     /// The mail waiting for any of `recipients`, in posting order. It stays waiting until taken.
-    pub fn mail_for(&self, recipients: &[lineage_log::SessionId]) -> crate::Result<Vec<crate::Mail>> {
+    pub fn mail_for(
+        &self,
+        recipients: &[lineage_log::SessionId],
+    ) -> crate::Result<Vec<crate::Mail>> {
         crate::store::guard(|| {
             self.inner
                 .engine
@@ -144,6 +152,11 @@ impl crate::Store {
     /// hosts taking one piece of mail, exactly one gets its id back.
     pub fn take_mail(&self, ids: &[uuid::Uuid]) -> crate::Result<Vec<uuid::Uuid>> {
         self.writable()?;
-        crate::store::guard(|| self.inner.engine.take_mail(ids).map_err(crate::StoreError::Storage))
+        crate::store::guard(|| {
+            self.inner
+                .engine
+                .take_mail(ids)
+                .map_err(crate::StoreError::Storage)
+        })
     }
 }

@@ -795,9 +795,10 @@ impl Engine for PgEngine {
 
     fn mail_for(&self, recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError> {
         let recipients: Vec<Uuid> = recipients.iter().map(|s| uuid_of(*s)).collect();
-        let rows = self.on_idle(move |c| async move {
-            c.client.query(&c.st.mail_for, &[&recipients]).await
-        })?;
+        let rows =
+            self.on_idle(
+                move |c| async move { c.client.query(&c.st.mail_for, &[&recipients]).await },
+            )?;
         Ok(rows
             .iter()
             .map(|row| Mail {
@@ -811,9 +812,8 @@ impl Engine for PgEngine {
 
     fn take_mail(&self, ids: &[Uuid]) -> std::result::Result<Vec<Uuid>, EngineError> {
         let ids = ids.to_vec();
-        let rows = self.on_idle(move |c| async move {
-            c.client.query(&c.st.take_mail, &[&ids]).await
-        })?;
+        let rows =
+            self.on_idle(move |c| async move { c.client.query(&c.st.take_mail, &[&ids]).await })?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 

@@ -293,8 +293,14 @@ fn mail_is_posted_once_read_in_posting_order_and_taken_by_exactly_one_host() {
     for m in [&first, &second, &elsewhere] {
         assert!(b.post(m).unwrap());
     }
-    assert!(!b.post(&first).unwrap(), "posting the same mail again posts nothing");
-    assert_eq!(a.mail_for(&[id]).unwrap(), vec![first.clone(), second.clone()]);
+    assert!(
+        !b.post(&first).unwrap(),
+        "posting the same mail again posts nothing"
+    );
+    assert_eq!(
+        a.mail_for(&[id]).unwrap(),
+        vec![first.clone(), second.clone()]
+    );
 
     // Two hosts race to take the same mail: each piece goes to exactly one of them.
     let ids = [first.id, second.id];

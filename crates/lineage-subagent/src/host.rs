@@ -36,6 +36,18 @@ pub struct Host {
     /// Bumped at every delegation's start and end, so a run looks at its tree again.
     lifecycle: watch::Receiver<u64>,
     listener: ListenerId,
+    /// On a shared store, the task delivering mail from other hosts
+    /// ([`SubagentRuntime::serve_mail`]); stopped with the host.
+    mail: Option<MailServer>,
+}
+
+/// Stops the mail task when dropped.
+struct MailServer(tokio::task::JoinHandle<()>);
+
+impl Drop for MailServer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What went wrong in a host operation.
@@ -168,12 +180,14 @@ impl Host {
             bump.send_modify(|n| *n = n.wrapping_add(1));
             Ok(())
         });
+        let mail = subagents.serve_mail().map(MailServer);
         Host {
             store,
             agents,
             subagents,
             lifecycle,
             listener,
+            mail,
         }
     }
 
@@ -325,6 +339,7 @@ impl Host {
     /// first failure is returned.
     pub async fn close(self) -> Result<(), HostError> {
         let drained = self.subagents.drain().await.map_err(HostError::from);
+        drop(self.mail);
         self.agents.shut_down_all().await;
         self.subagents.remove_listener(self.listener);
         drop(self.subagents);

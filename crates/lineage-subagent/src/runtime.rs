@@ -56,7 +56,20 @@ impl std::fmt::Debug for SubagentRuntime {
     }
 }
 
+/// A runtime that does not keep it alive (a background task's).
+pub(crate) struct WeakRuntime(Weak<Inner>);
+
+impl WeakRuntime {
+    pub fn upgrade(&self) -> Option<SubagentRuntime> {
+        self.0.upgrade().map(|inner| SubagentRuntime { inner })
+    }
+}
+
 impl SubagentRuntime {
+    pub(crate) fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime(Arc::downgrade(&self.inner))
+    }
+
     /// A runtime whose children live in `agents`, with no provider registered.
     pub fn new(agents: Agents) -> Self {
         SubagentRuntime {

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use lineage_agent::{AgentOptions, AgentSpec, Cancellation};
-use lineage_log::{DescriptorMode, MessageSource, RunId, SubagentDescriptor};
+use lineage_log::{DescriptorMode, Message, MessageSource, Role, RunId, SubagentDescriptor};
 
 use super::*;
 use crate::birth::{self, ChildPlan};
@@ -91,14 +91,14 @@ impl SubagentRuntime {
                     return Err(error);
                 }
             };
+            let prompt = Message {
+                id: MessageId::new(),
+                role: Role::User,
+                content: request.prompt,
+                source: MessageSource::User,
+            };
             let message = runtime
-                .submit_to_new_activation(
-                    &activation,
-                    request.prompt,
-                    MessageSource::User,
-                    &parent,
-                    &request.cancel,
-                )
+                .submit_to_new_activation(&activation, prompt, &parent, &request.cancel)
                 .await?;
             Ok(ContinuableStarted { child, message })
         }

@@ -7,6 +7,7 @@ use lineage_log::{
 use lineage_store::Loaded;
 
 use super::activation::ActivationPlan;
+use super::recovery::holds_message;
 use super::teardown::wait;
 use super::*;
 use crate::birth;
@@ -20,12 +21,11 @@ impl SubagentRuntime {
     pub(super) async fn submit_to_new_activation(
         &self,
         activation: &Arc<Activation>,
-        content: Vec<ContentBlock>,
-        source: MessageSource,
+        message: Message,
         parent: &Arc<Agent>,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
-        match self.submit_admitted(activation, content, source, parent, cancel) {
+        match self.submit_admitted(activation, message, parent, cancel) {
             Ok(id) => Ok(id),
             Err(error) => {
                 let _ = wait(self.open_disposal(activation)).await;
@@ -38,8 +38,7 @@ impl SubagentRuntime {
     pub(super) fn submit_admitted(
         &self,
         activation: &Arc<Activation>,
-        content: Vec<ContentBlock>,
-        source: MessageSource,
+        message: Message,
         parent: &Arc<Agent>,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
@@ -69,15 +68,13 @@ impl SubagentRuntime {
         )?;
         self.continuation()
             .acquire_ownership(parent, activation.child())?;
-        let message = Message {
-            id: MessageId::new(),
-            role: Role::User,
-            content,
-            source,
-        };
         let id = message.id;
-        let agent = activation.agent.clone();
-        admit_waking(activation, id, || agent.followup(message))?;
+        // Mail from another host may have reached the child already, through a holder that
+        // stopped before it took the mail out: the child has it once.
+        if !holds_message(&activation.agent, id) {
+            let agent = activation.agent.clone();
+            admit_waking(activation, id, || agent.followup(message))?;
+        }
         lock(&activation.st).announced = true;
         Ok(id)
     }
@@ -118,6 +115,24 @@ impl SubagentRuntime {
         source: MessageSource,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content,
+            source,
+        };
+        self.followup_message(parent, child, message, cancel).await
+    }
+
+    /// [`Self::followup`] of a message with its id: the child's log holds it once, whichever
+    /// way and however many times it is sent.
+    pub(super) async fn followup_message(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        message: Message,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
         self.continuation().assert_admitting(parent)?;
         let not_accepted = || followup_cancelled(child, cancel);
         loop {
@@ -131,9 +146,17 @@ impl SubagentRuntime {
                 };
                 match self.continuation().activation(child) {
                     None => {
+                        // Resident on another host: the message goes by mail.
+                        if self.held_elsewhere(child).await {
+                            return self.followup_by_mail(parent, child, message, cancel).await;
+                        }
                         let resumed = self
-                            .cold_resume(parent, child, content, source, cancel)
+                            .cold_resume(parent, child, message.clone(), cancel)
                             .await;
+                        if resumed.is_err() && self.held_elsewhere(child).await {
+                            // Another host resumed it first.
+                            return self.followup_by_mail(parent, child, message, cancel).await;
+                        }
                         return as_followup(resumed, child, cancel);
                     }
                     Some(activation) => {
@@ -148,13 +171,8 @@ impl SubagentRuntime {
                                 }
                             }
                             None => {
-                                let submitted = self.submit_admitted(
-                                    &activation,
-                                    content,
-                                    source,
-                                    parent,
-                                    cancel,
-                                );
+                                let submitted =
+                                    self.submit_admitted(&activation, message, parent, cancel);
                                 return as_followup(submitted, child, cancel);
                             }
                         }
@@ -175,12 +193,11 @@ impl SubagentRuntime {
         &self,
         parent: &Arc<Agent>,
         child: SessionId,
-        content: Vec<ContentBlock>,
-        source: MessageSource,
+        message: Message,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
         let store = self.agents().store().clone();
-        self.cold_resume_from(parent, child, content, source, cancel, move || {
+        self.cold_resume_from(parent, child, message, cancel, move || {
             store.inspect(child).map_err(|e| e.to_string())
         })
         .await
@@ -193,8 +210,7 @@ impl SubagentRuntime {
         &self,
         parent: &Arc<Agent>,
         child: SessionId,
-        content: Vec<ContentBlock>,
-        source: MessageSource,
+        message: Message,
         cancel: &Cancellation,
         inspect: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
     ) -> Result<MessageId, SubagentError> {
@@ -263,7 +279,7 @@ impl SubagentRuntime {
                 cancel,
             )
             .await?;
-        self.submit_to_new_activation(&activation, content, source, parent, cancel)
+        self.submit_to_new_activation(&activation, message, parent, cancel)
             .await
     }
 
@@ -288,6 +304,8 @@ impl SubagentRuntime {
             }
         }
         let Some(activation) = self.continuation().activation(target) else {
+            // Kept by another host: interrupted there, by mail.
+            self.interrupt_elsewhere(target, authority)?;
             return Ok(());
         };
         let cause = match authority {
@@ -363,11 +381,8 @@ impl SubagentRuntime {
                 ),
             )
         };
-        let parent = child
-            .header()
-            .parent
-            .and_then(|p| self.agents().get(p))
-            .ok_or_else(parent_unavailable)?;
+        let parent_id = child.header().parent.ok_or_else(parent_unavailable)?;
+        let parent = self.agents().get(parent_id);
         let mut blocks = vec![ContentBlock::text(format!(
             "Background subagent {} reports:",
             child.id()
@@ -380,6 +395,14 @@ impl SubagentRuntime {
             source: MessageSource::SubagentReport { sender: child.id() },
         };
         let id = message.id;
+        let Some(parent) = parent else {
+            // Kept by another host: reported there, by mail.
+            return if self.post_to_absent_parent(child.id(), parent_id, message, Some(delivery)) {
+                Ok(id)
+            } else {
+                Err(parent_unavailable())
+            };
+        };
         let sent = match delivery {
             ReportDelivery::NextStep => {
                 let recipient = parent.clone();
@@ -466,12 +489,16 @@ mod cold_resume_tests {
             |cancel: Cancellation, inspect: Box<dyn FnOnce() -> Result<Loaded, String> + Send>| {
                 let (runtime, parent) = (runtime.clone(), parent.clone());
                 async move {
-                    let content = vec![ContentBlock::text("again")];
-                    let source = MessageSource::Coordinator {
-                        sender: parent.id(),
+                    let message = Message {
+                        id: MessageId::new(),
+                        role: Role::User,
+                        content: vec![ContentBlock::text("again")],
+                        source: MessageSource::Coordinator {
+                            sender: parent.id(),
+                        },
                     };
                     runtime
-                        .cold_resume_from(&parent, child, content, source, &cancel, inspect)
+                        .cold_resume_from(&parent, child, message, &cancel, inspect)
                         .await
                 }
             };

@@ -11,6 +11,7 @@
 //! | [`delivery`] | follow-ups and cold resume, interrupts, reports |
 //! | [`teardown`] | the settlement watcher, teardown children first, the settlement notice |
 //! | [`drain`] | `drain`, `drain_descendants`, `drain_children` |
+//! | [`mail`] | delivery to agents another host keeps, through a shared store's mailbox |
 //!
 //! # Residency
 //!
@@ -53,6 +54,7 @@ mod activation;
 mod admission;
 mod delivery;
 mod drain;
+mod mail;
 mod recovery;
 mod request;
 mod teardown;

@@ -135,7 +135,7 @@ fn crash_notice_id(child: SessionId, turn_start: u64) -> MessageId {
 }
 
 /// Whether `agent`'s log holds the message `id` (queued, claimed or cancelled).
-fn holds_message(agent: &Agent, id: MessageId) -> bool {
+pub(super) fn holds_message(agent: &Agent, id: MessageId) -> bool {
     agent.with_events(|events: &[Event]| {
         events.iter().any(|e| match &e.body {
             EventBody::InboxSpliced(splice) => splice.inserted.iter().any(|m| m.id == id),

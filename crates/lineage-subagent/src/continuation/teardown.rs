@@ -172,10 +172,8 @@ impl SubagentRuntime {
         if !lock(&activation.st).announced {
             return;
         }
-        let Some(parent) = self.agents().get(activation.run.parent) else {
-            return;
-        };
         let child = activation.child();
+        let parent = self.agents().get(activation.run.parent);
         let summary = settlement_summary(child, &terminal.stop_reason);
         let mut content = vec![ContentBlock::text(summary.clone())];
         if terminal.output.is_empty() {
@@ -194,6 +192,11 @@ impl SubagentRuntime {
             },
         };
         let id = message.id;
+        let Some(parent) = parent else {
+            // Kept by another host (or by none yet): told there, by mail.
+            self.post_to_absent_parent(child, activation.run.parent, message, None);
+            return;
+        };
         // A parent in teardown (its runtime or subtree draining, its own activation closing, or
         // its agent being disposed) gets the notice quietly: waking it would start a turn its
         // teardown then has to wait for.

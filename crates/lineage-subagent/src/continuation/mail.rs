@@ -1,0 +1,462 @@
+//! Delivery across hosts: the mailbox of a shared store.
+//!
+//! On a shared store a continuable child may be resident on another host (that host holds its
+//! lease), and a parent may be live on another host than its child. What one host sends to an
+//! agent another host keeps goes through the store's mailbox instead: a follow-up, an interrupt,
+//! a report or a settlement notice becomes a piece of mail addressed to the recipient's session,
+//! after the sender's authority was checked here as for a local delivery.
+//!
+//! Every host with a shared store serves its mail ([`SubagentRuntime::serve_mail`]): it polls the
+//! mailbox for the agents it keeps live, delivers each piece as the local operation would, flushes
+//! the recipient's log, and only then takes the piece out. A piece whose message the recipient's
+//! log already holds (its holder stopped between the flush and the taking) is taken out without
+//! being delivered again, so each message reaches its recipient once.
+//!
+//! A follow-up's sender waits until its mail is taken (the child has the message), or until no
+//! host holds the child any more: it then takes its mail back and resumes the child itself, as a
+//! local follow-up to a settled child does. Of the sender and a holder, whoever takes the piece
+//! out of the mailbox delivers it.
+
+use std::time::Duration;
+
+use lineage_agent::{AgentStatus, Cancellation, DiagnosticKind, Queued};
+use lineage_log::{AbortCause, Message, MessageId};
+use lineage_store::Mail;
+use serde_json::{Value, json};
+
+use super::delivery::{admit_waking, followup_cancelled};
+use super::recovery::holds_message;
+use super::*;
+use crate::ReportDelivery;
+
+/// How often a host looks for mail, and a waiting sender for its mail's fate.
+pub const MAIL_POLL: Duration = Duration::from_millis(50);
+
+/// What a piece of mail asks of its recipient.
+#[derive(Debug)]
+enum Post {
+    /// A follow-up for a resident child.
+    Followup(Message),
+    /// A child's settlement notice for its parent.
+    Notice(Message),
+    /// A child's report for its parent.
+    Report(Message, ReportDelivery),
+    /// An interrupt of a resident child's current turn.
+    Interrupt(AbortCause),
+}
+
+impl Post {
+    fn encode(&self) -> Vec<u8> {
+        let value = match self {
+            Post::Followup(m) => json!({ "kind": "followup", "message": m }),
+            Post::Notice(m) => json!({ "kind": "notice", "message": m }),
+            Post::Report(m, ReportDelivery::NextStep) => {
+                json!({ "kind": "report", "message": m, "quiet": false })
+            }
+            Post::Report(m, ReportDelivery::Quiet) => {
+                json!({ "kind": "report", "message": m, "quiet": true })
+            }
+            Post::Interrupt(cause) => json!({ "kind": "interrupt", "cause": cause }),
+        };
+        value.to_string().into_bytes()
+    }
+
+    fn decode(body: &[u8]) -> Result<Post, String> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let message = || {
+            serde_json::from_value::<Message>(value["message"].clone()).map_err(|e| e.to_string())
+        };
+        match value["kind"].as_str() {
+            Some("followup") => Ok(Post::Followup(message()?)),
+            Some("notice") => Ok(Post::Notice(message()?)),
+            Some("report") => {
+                let delivery = match value["quiet"].as_bool() {
+                    Some(true) => ReportDelivery::Quiet,
+                    _ => ReportDelivery::NextStep,
+                };
+                Ok(Post::Report(message()?, delivery))
+            }
+            Some("interrupt") => serde_json::from_value(value["cause"].clone())
+                .map(Post::Interrupt)
+                .map_err(|e| e.to_string()),
+            other => Err(format!("unknown kind of mail {other:?}")),
+        }
+    }
+}
+
+impl SubagentRuntime {
+    /// Runs a blocking store call off the runtime's threads.
+    async fn on_store<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&lineage_store::Store) -> lineage_store::Result<T> + Send + 'static,
+    ) -> Result<T, String> {
+        let store = self.agents().store().clone();
+        match tokio::task::spawn_blocking(move || call(&store)).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(join) => Err(join.to_string()),
+        }
+    }
+
+    /// Whether another host keeps `session` (holds its live lease) on a shared store.
+    pub(super) async fn held_elsewhere(&self, session: SessionId) -> bool {
+        if !self.agents().store().is_shared() {
+            return false;
+        }
+        let holder = self.agents().store().holder();
+        self.on_store(move |store| store.lease(session))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|lease| lease.is_live() && lease.holder != Some(holder))
+    }
+
+    /// Posts `post` for `recipient`; the mail's id is the message's (or a new one).
+    async fn post(
+        &self,
+        sender: SessionId,
+        recipient: SessionId,
+        id: MessageId,
+        post: &Post,
+    ) -> Result<(), String> {
+        let mail = Mail {
+            id: id.as_uuid(),
+            recipient,
+            sender,
+            body: post.encode(),
+        };
+        self.on_store(move |store| store.post(&mail))
+            .await
+            .map(drop)
+    }
+
+    /// A follow-up to a child another host keeps: checked here as a cold resume would check it,
+    /// then posted; resolves once a host took it into the child's inbox (see the module docs).
+    pub(super) async fn followup_by_mail(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        message: Message,
+        cancel: &Cancellation,
+    ) -> Result<MessageId, SubagentError> {
+        let unavailable = |reason: String| {
+            SubagentError::new(
+                ErrorCode::NotResumable,
+                format!("subagent {child} is unavailable: {reason}"),
+            )
+        };
+        let info = self
+            .on_store(move |store| store.info(child))
+            .await
+            .map_err(unavailable)?;
+        self.continuation().assert_admitting(parent)?;
+        self.continuation()
+            .authorize_lineage(parent, child, info.header.parent)?;
+        let id = message.id;
+        self.post(parent.id(), child, id, &Post::Followup(message.clone()))
+            .await
+            .map_err(unavailable)?;
+        let mail = id.as_uuid();
+        loop {
+            let cancelled = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => true,
+                _ = tokio::time::sleep(MAIL_POLL) => false,
+            };
+            let waiting = self
+                .on_store(move |store| store.mail_for(&[child]))
+                .await
+                .map_err(unavailable)?
+                .iter()
+                .any(|m| m.id == mail);
+            if !waiting {
+                // A host took it into the child's inbox.
+                return Ok(id);
+            }
+            if !cancelled && self.held_elsewhere(child).await {
+                continue;
+            }
+            // Cancelled, or nobody holds the child any more: whoever takes the mail out delivers it.
+            let took = self
+                .on_store(move |store| store.take_mail(&[mail]))
+                .await
+                .map_err(unavailable)?;
+            if took.is_empty() {
+                return Ok(id);
+            }
+            if cancelled {
+                return Err(followup_cancelled(child, cancel));
+            }
+            return Box::pin(self.followup_message(parent, child, message, cancel)).await;
+        }
+    }
+
+    /// Sends a child's settlement notice or report to a parent that is not live here: by mail,
+    /// on a shared store, for the host that keeps the parent (or the next one to resume it).
+    /// Returns whether it was posted.
+    pub(super) fn post_to_absent_parent(
+        &self,
+        child: SessionId,
+        parent: SessionId,
+        message: Message,
+        report: Option<ReportDelivery>,
+    ) -> bool {
+        if !self.agents().store().is_shared() {
+            return false;
+        }
+        let id = message.id;
+        let post = match report {
+            Some(delivery) => Post::Report(message, delivery),
+            None => Post::Notice(message),
+        };
+        let runtime = self.clone();
+        // Posted from a task: the notice is sent from a teardown that must not wait for it.
+        tokio::spawn(async move {
+            if let Err(error) = runtime.post(child, parent, id, &post).await {
+                runtime.continuation().diagnose(
+                    parent,
+                    DiagnosticKind::NoticeUndelivered,
+                    format!("the mail of subagent {child} to its parent was not posted: {error}"),
+                );
+            }
+        });
+        true
+    }
+
+    /// Interrupts a child another host keeps, by mail, after checking `authority` against the
+    /// stored lineage. Returns whether the child is kept elsewhere (and so was sent the mail).
+    /// Synchronous, as [`SubagentRuntime::interrupt`] is: its store calls are short reads and one
+    /// insert.
+    pub(super) fn interrupt_elsewhere(
+        &self,
+        target: SessionId,
+        authority: &Authority,
+    ) -> Result<bool, SubagentError> {
+        let store = self.agents().store();
+        if !store.is_shared() {
+            return Ok(false);
+        }
+        let unreadable = |error: lineage_store::StoreError| {
+            SubagentError::new(
+                ErrorCode::NotResumable,
+                format!("subagent {target} is unavailable: {error}"),
+            )
+        };
+        let elsewhere = store
+            .lease(target)
+            .map_err(unreadable)?
+            .is_some_and(|lease| lease.is_live() && lease.holder != Some(store.holder()));
+        if !elsewhere {
+            return Ok(false);
+        }
+        let parent = store.info(target).map_err(unreadable)?.header.parent;
+        let (sender, cause) = match authority {
+            Authority::User { parent: expected } => {
+                if parent != Some(*expected) {
+                    return Err(unauthorized(format!(
+                        "subagent {target} belongs to another parent session"
+                    )));
+                }
+                (*expected, AbortCause::User)
+            }
+            Authority::Ancestor(agent) => {
+                // The stored lineage from the target up must pass through the agent.
+                let ancestor = agent.id();
+                let mut at = parent;
+                while let Some(session) = at.filter(|s| *s != ancestor) {
+                    at = store.info(session).map_err(unreadable)?.header.parent;
+                }
+                if at.is_none() {
+                    return Err(unauthorized(format!(
+                        "subagent {target} is not a descendant of agent {ancestor}"
+                    )));
+                }
+                (ancestor, AbortCause::Parent)
+            }
+        };
+        let mail = Mail {
+            id: MessageId::new().as_uuid(),
+            recipient: target,
+            sender,
+            body: Post::Interrupt(cause).encode(),
+        };
+        store.post(&mail).map_err(unreadable)?;
+        Ok(true)
+    }
+
+    /// Serves this host's mail until the runtime stops (see the module docs): every
+    /// [`MAIL_POLL`], the mail for the agents live here is delivered and taken out. Returns `None`
+    /// on a store that is not shared (no other host sends mail), or outside a tokio runtime.
+    pub fn serve_mail(&self) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.agents().store().is_shared() {
+            return None;
+        }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let runtime = self.downgrade();
+        Some(handle.spawn(async move {
+            loop {
+                tokio::time::sleep(MAIL_POLL).await;
+                let Some(runtime) = runtime.upgrade() else {
+                    return;
+                };
+                runtime.deliver_mail().await;
+            }
+        }))
+    }
+
+    /// One look at the mailbox: each piece for an agent live here is delivered, made durable in
+    /// the recipient's log, then taken out.
+    async fn deliver_mail(&self) {
+        let live: Vec<SessionId> = self.agents().list().iter().map(|a| a.id()).collect();
+        if live.is_empty() {
+            return;
+        }
+        let mail = match self.on_store(move |store| store.mail_for(&live)).await {
+            Ok(mail) => mail,
+            Err(error) => {
+                tracing::warn!(%error, "reading the mailbox failed; trying again");
+                return;
+            }
+        };
+        for piece in mail {
+            let Some(recipient) = self.agents().get(piece.recipient) else {
+                continue;
+            };
+            let post = match Post::decode(&piece.body) {
+                Ok(post) => post,
+                Err(reason) => {
+                    // Mail nobody can read is discarded, and said so.
+                    self.continuation().diagnose(
+                        piece.recipient,
+                        DiagnosticKind::NoticeUndelivered,
+                        format!(
+                            "mail {} from {} is unreadable and was discarded: {reason}",
+                            piece.id, piece.sender
+                        ),
+                    );
+                    let id = piece.id;
+                    let _ = self.on_store(move |store| store.take_mail(&[id])).await;
+                    continue;
+                }
+            };
+            match self.deliver(&recipient, post).await {
+                Ok(true) => {}
+                // Not deliverable here now (a teardown under way): left for the next look.
+                Ok(false) => continue,
+                Err(error) => {
+                    self.continuation().diagnose(
+                        piece.recipient,
+                        DiagnosticKind::NoticeUndelivered,
+                        format!(
+                            "mail {} from {} was not delivered: {error}",
+                            piece.id, piece.sender
+                        ),
+                    );
+                    continue;
+                }
+            }
+            if let Err(error) = recipient.flush().await {
+                tracing::warn!(%error, mail = %piece.id, "the recipient's log was not flushed; the mail stays");
+                continue;
+            }
+            let id = piece.id;
+            if let Err(error) = self.on_store(move |store| store.take_mail(&[id])).await {
+                tracing::warn!(%error, mail = %id, "delivered mail was not taken out; its recipient has it once");
+            }
+        }
+    }
+
+    /// Delivers one piece of mail to `recipient`, live here. `Ok(false)`: not now.
+    async fn deliver(&self, recipient: &Arc<Agent>, post: Post) -> Result<bool, SubagentError> {
+        let id = recipient.id();
+        match post {
+            Post::Followup(message) => {
+                let _guard = self.child_lock(id).await;
+                let Some(activation) = self
+                    .continuation()
+                    .activation(id)
+                    .filter(|a| Arc::ptr_eq(&a.agent, recipient))
+                else {
+                    return Err(SubagentError::new(
+                        ErrorCode::NotResumable,
+                        format!("agent {id} is not a resident continuable subagent here"),
+                    ));
+                };
+                if activation.is_closing() {
+                    return Ok(false);
+                }
+                if !holds_message(recipient, message.id) {
+                    let agent = recipient.clone();
+                    admit_waking(&activation, message.id, || agent.followup(message))?;
+                }
+                lock(&activation.st).announced = true;
+                Ok(true)
+            }
+            Post::Notice(message) | Post::Report(message, ReportDelivery::NextStep) => {
+                if !holds_message(recipient, message.id) {
+                    let agent = recipient.clone();
+                    self.send_waking(recipient, message.id, move || {
+                        if agent.status() == AgentStatus::Idle {
+                            agent.followup(message)
+                        } else {
+                            agent.steer(message)
+                        }
+                    })?;
+                }
+                Ok(true)
+            }
+            Post::Report(message, ReportDelivery::Quiet) => {
+                if !holds_message(recipient, message.id) {
+                    recipient
+                        .inject(message)
+                        .map_err(|e| SubagentError::agent(id, e))?;
+                }
+                Ok(true)
+            }
+            Post::Interrupt(cause) => {
+                if let Some(activation) = self.continuation().activation(id)
+                    && !activation.is_closing()
+                {
+                    recipient
+                        .cancel(cause, Queued::Keep)
+                        .map_err(|e| SubagentError::agent(id, e))?;
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lineage_log::{ContentBlock, MessageSource, Role, SessionId};
+
+    use super::*;
+
+    #[test]
+    fn every_kind_of_mail_reads_back_as_it_was_written() {
+        let message = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content: vec![ContentBlock::text("again, with the second file")],
+            source: MessageSource::SubagentSettled {
+                sender: SessionId::new(),
+                summary: "done".into(),
+            },
+        };
+        let posts = [
+            Post::Followup(message.clone()),
+            Post::Notice(message.clone()),
+            Post::Report(message.clone(), ReportDelivery::Quiet),
+            Post::Report(message.clone(), ReportDelivery::NextStep),
+            Post::Interrupt(AbortCause::Hook {
+                reason: "stop".into(),
+            }),
+        ];
+        for post in posts {
+            let read = Post::decode(&post.encode()).unwrap();
+            assert_eq!(format!("{read:?}"), format!("{post:?}"));
+        }
+        assert!(Post::decode(b"{\"kind\":\"other\"}").is_err());
+        assert!(Post::decode(b"not json").is_err());
+    }
+}

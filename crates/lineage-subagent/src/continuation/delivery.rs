@@ -136,7 +136,7 @@ impl SubagentRuntime {
         self.continuation().assert_admitting(parent)?;
         let not_accepted = || followup_cancelled(child, cancel);
         loop {
-            {
+            let by_mail = {
                 // The caller's cancellation ends the wait for the child's lock and for a
                 // teardown in progress: nothing has been accepted yet.
                 let _guard = tokio::select! {
@@ -146,18 +146,18 @@ impl SubagentRuntime {
                 };
                 match self.continuation().activation(child) {
                     None => {
-                        // Resident on another host: the message goes by mail.
-                        if self.held_elsewhere(child).await {
-                            return self.followup_by_mail(parent, child, message, cancel).await;
+                        if !self.held_elsewhere(child).await {
+                            let resumed = self
+                                .cold_resume(parent, child, message.clone(), cancel)
+                                .await;
+                            // Unless another host resumed it first.
+                            if resumed.is_ok() || !self.held_elsewhere(child).await {
+                                return as_followup(resumed, child, cancel);
+                            }
                         }
-                        let resumed = self
-                            .cold_resume(parent, child, message.clone(), cancel)
-                            .await;
-                        if resumed.is_err() && self.held_elsewhere(child).await {
-                            // Another host resumed it first.
-                            return self.followup_by_mail(parent, child, message, cancel).await;
-                        }
-                        return as_followup(resumed, child, cancel);
+                        // Kept by another host: the message goes by mail, without the child's
+                        // lock (the wait may end in a resume here, which takes it).
+                        true
                     }
                     Some(activation) => {
                         let disposal = lock(&activation.st).disposal.clone();
@@ -169,6 +169,7 @@ impl SubagentRuntime {
                                     _ = cancel.cancelled() => return Err(not_accepted()),
                                     _ = wait(disposal) => {}
                                 }
+                                false
                             }
                             None => {
                                 let submitted =
@@ -178,6 +179,9 @@ impl SubagentRuntime {
                         }
                     }
                 }
+            };
+            if by_mail {
+                return self.followup_by_mail(parent, child, message, cancel).await;
             }
             self.continuation().assert_admitting(parent)?;
             if cancel.is_cancelled() {

@@ -34,7 +34,8 @@ impl SubagentRuntime {
     /// Tells `parent` about every continuable child of its whose last turn a crash tore: one
     /// settlement notice each ("was stopped by a crash before it finished", with what the turn
     /// wrote), queued for the parent's next turn without waking it, then the child's turn closed
-    /// as crash repair would. Children live in this process are not looked at. Returns the
+    /// as crash repair would. Children live in this process, or kept by another host of a shared
+    /// store, are not looked at. Returns the
     /// children told by this call; a repeated call (or one after another restart) tells none of
     /// them again.
     ///
@@ -82,6 +83,13 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
     for child in store.children(parent)? {
         let inspected = store.inspect(child)?;
         if inspected.closers == 0 {
+            continue;
+        }
+        // On a shared store, a child another host holds is resident there, not torn.
+        let held_elsewhere = store
+            .lease(child)?
+            .is_some_and(|lease| lease.is_live() && lease.holder != Some(store.holder()));
+        if held_elsewhere {
             continue;
         }
         let events = &inspected.events[..inspected.events.len() - inspected.closers];

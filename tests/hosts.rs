@@ -9,16 +9,18 @@ use std::time::{Duration, Instant};
 
 use lineage::agent::{
     Cancellation, CreateAgent, DiagnosticKind, Gate, LEASE_EVENT, RegistryEvent, Response,
+    ScriptedCall, ToolOutput,
 };
 use lineage::log::{
     ContentBlock, Event, EventBody, Message, MessageSource, SessionId, TurnEndReason,
 };
 use lineage::store::{Store, StoreOptions};
+use lineage::subagent::Authority;
 use lineage::subagent::Host;
 use lineage_testkit::postgres::postgres;
 use lineage_testkit::process::{Helper, after_marker, helper_command, report_line, wait_for_line};
 use lineage_testkit::read::{assert_balanced, notice_sender, settled_notices, user_texts};
-use lineage_testkit::subagent::{PARENT, Router, continuable, parent_spec};
+use lineage_testkit::subagent::{FnTool, PARENT, Router, continuable, parent_spec};
 
 /// Makes every live lease in the database expire now, as if its holder had stopped renewing it
 /// a lease's time ago.
@@ -248,13 +250,30 @@ fn options(ttl: Duration) -> StoreOptions {
 }
 
 /// The models of a host process: the lead answers `ok`; a child on `hang` never answers (its turn
-/// stays open); a child on `echo` answers `done`.
+/// stays open); a child on `work` calls `pause` (a tool that takes a little while) and answers
+/// `done`, by turns.
 fn host_router() -> Arc<Router> {
+    const PAUSE: ScriptedCall<'static> = ("p", "pause", "{}");
     let router = Arc::new(Router::default());
-    router.script(PARENT, (0..1000).map(|_| Response::text("ok")));
+    router.script(PARENT, (0..5000).map(|_| Response::text("ok")));
     router.script("hang", (0..100).map(|_| Response::hang()));
-    router.script("echo", (0..1000).map(|_| Response::text("done")));
+    router.script(
+        "work",
+        (0..5000).flat_map(|_| [Response::tool_calls(None, &[PAUSE]), Response::text("done")]),
+    );
     router
+}
+
+/// The lead's spec in a host process: its children inherit `pause`, which answers after 250 ms
+/// (or when the turn is cancelled).
+fn host_lead_spec() -> lineage::agent::AgentSpec {
+    let pause = FnTool::new("pause", |ctx, _| async move {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => ToolOutput::text("rested"),
+            _ = ctx.cancel.cancelled() => ToolOutput::text("stopped"),
+        }
+    });
+    parent_spec(vec![pause])
 }
 
 /// If this process is a host process (see [`HostProcess`]), serves it and returns `true`.
@@ -275,11 +294,12 @@ async fn serve_if_host() -> bool {
 /// - `lead` makes a lead agent: `lead <id>`;
 /// - `start <lead> <model>` starts a continuable child on `<model>`: `child <id>`;
 /// - `resume <lead>`: `resumed <lead>` or `refused <lead> <error>`;
+/// - `interrupt <lead> <child>`: `interrupted <child>` or `refused <child> <error>`;
 /// - `dispose <id>`: `gone <id>`;
 /// - `prompt <lead> <text…>` gives the lead a prompt without waiting: `prompted <lead>` or
 ///   `refused <lead> <error>`;
-/// - `followup <lead> <child> <text…>` (concurrently with later commands): `accepted <child>
-///   <message> <ms>` or `refused <child> <error>`.
+/// - `followup <lead> <child> <token>` sends the one-word text `<token>` (concurrently with later
+///   commands): `followup-accepted <token> <message> <ms>` or `followup-refused <token> <error>`.
 ///
 /// It also reports `fenced <id>` when an agent of its was fenced off, and `disposed <id>`.
 async fn serve_host(url: &str, ttl: Duration) {
@@ -315,7 +335,7 @@ async fn serve_host(url: &str, ttl: Duration) {
             ["lead"] => {
                 let lead = host
                     .agents
-                    .create(CreateAgent::fresh(parent_spec(vec![])))
+                    .create(CreateAgent::fresh(host_lead_spec()))
                     .await
                     .expect("the lead is created");
                 report_line(&format!("lead {}", lead.id()));
@@ -329,10 +349,25 @@ async fn serve_host(url: &str, ttl: Duration) {
                     .expect("the child starts");
                 report_line(&format!("child {}", started.child));
             }
-            ["resume", lead] => match host.resume(id(lead), parent_spec(vec![])).await {
+            ["resume", lead] => match host.resume(id(lead), host_lead_spec()).await {
                 Ok(_) => report_line(&format!("resumed {lead}")),
                 Err(e) => report_line(&format!("refused {lead} {e}")),
             },
+            ["interrupt", lead, child] => {
+                let sent = host
+                    .agents
+                    .get(id(lead))
+                    .ok_or_else(|| "the lead is not live here".to_owned())
+                    .and_then(|lead| {
+                        host.subagents
+                            .interrupt(id(child), &Authority::Ancestor(lead))
+                            .map_err(|e| e.to_string())
+                    });
+                match sent {
+                    Ok(()) => report_line(&format!("interrupted {child}")),
+                    Err(e) => report_line(&format!("refused {child} {e}")),
+                }
+            }
             ["dispose", agent] => {
                 host.agents.dispose(id(agent)).await;
                 report_line(&format!("gone {agent}"));
@@ -353,30 +388,32 @@ async fn serve_host(url: &str, ttl: Duration) {
                     Err(e) => report_line(&format!("refused {lead} {e}")),
                 }
             }
-            ["followup", lead, child, ..] => {
-                let (host, lead, child) = (host.clone(), id(lead), id(child));
-                let text = words[3..].join(" ");
+            ["followup", lead, child, token] => {
+                let (host, lead, child, token) =
+                    (host.clone(), id(lead), id(child), token.to_owned());
                 tokio::spawn(async move {
                     let started = Instant::now();
                     let Some(lead) = host.agents.get(lead) else {
-                        return report_line(&format!("refused {child} the lead is not live here"));
+                        return report_line(&format!(
+                            "followup-refused {token} the lead is not live here"
+                        ));
                     };
                     let sent = host
                         .subagents
                         .followup(
                             &lead,
                             child,
-                            vec![ContentBlock::text(text)],
+                            vec![ContentBlock::text(token.clone())],
                             MessageSource::Coordinator { sender: lead.id() },
                             &Cancellation::new(),
                         )
                         .await;
                     match sent {
                         Ok(message) => report_line(&format!(
-                            "accepted {child} {message} {}",
+                            "followup-accepted {token} {message} {}",
                             started.elapsed().as_millis()
                         )),
-                        Err(e) => report_line(&format!("refused {child} {e}")),
+                        Err(e) => report_line(&format!("followup-refused {token} {e}")),
                     }
                 });
             }
@@ -390,6 +427,8 @@ struct HostProcess {
     helper: Helper,
     stdin: std::process::ChildStdin,
     lines: std::sync::mpsc::Receiver<String>,
+    /// Lines read and not asked for yet, in order.
+    unread: Vec<String>,
     holder: String,
 }
 
@@ -409,6 +448,7 @@ impl HostProcess {
             helper,
             stdin,
             lines,
+            unread: Vec::new(),
             holder,
         }
     }
@@ -424,8 +464,37 @@ impl HostProcess {
         self.expect(marker)
     }
 
+    /// The rest of the first line, read or to come, holding `marker`; the lines before it that
+    /// do not hold it are kept for later questions.
     fn expect(&mut self, marker: &str) -> String {
-        wait_for_line(&self.lines, |l| after_marker(l, marker).map(str::to_owned))
+        self.expect_where(|l| after_marker(l, marker).map(str::to_owned))
+    }
+
+    /// [`Self::expect`] with the first line, read or to come, that `pick` takes.
+    fn expect_where<T>(&mut self, mut pick: impl FnMut(&str) -> Option<T>) -> T {
+        if let Some((at, value)) = self
+            .unread
+            .iter()
+            .enumerate()
+            .find_map(|(at, l)| pick(l).map(|v| (at, v)))
+        {
+            self.unread.remove(at);
+            return value;
+        }
+        let unread = &mut self.unread;
+        wait_for_line(&self.lines, |l| match pick(l) {
+            Some(value) => Some(value),
+            None => {
+                unread.push(l.to_owned());
+                None
+            }
+        })
+    }
+
+    /// Every line read so far or waiting to be, without blocking.
+    fn drain(&mut self) -> Vec<String> {
+        self.unread.extend(self.lines.try_iter());
+        std::mem::take(&mut self.unread)
     }
 
     fn signal(&self, signal: &str) {
@@ -570,4 +639,263 @@ async fn a_paused_host_whose_lease_was_taken_over_fails_its_next_write_and_stops
     );
     assert!(tenures[0].1 < tenures[1].1);
     assert!(b.store.verify().unwrap().is_ok());
+}
+
+// ----- a randomized stress ----------------------------------------------------------------------
+
+const STRESS: &str = "three_hosts_under_kills_and_moves_deliver_every_accepted_message_once";
+
+/// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    }
+}
+
+/// A follow-up the driver sent, and what the sending host said of it.
+#[derive(Debug)]
+struct Sent {
+    child: SessionId,
+    /// The host it was sent to, and that host process's generation (a new one after each kill).
+    host: (usize, usize),
+    /// `Some(Ok(message id, ms))` once accepted, `Some(Err(_))` once refused; `None` while
+    /// unanswered (for good, if its host was killed first).
+    answer: Option<Result<(String, u64), String>>,
+}
+
+/// Records what `lines` say of the follow-ups in `sent` (keyed by their tokens).
+fn read_answers(lines: Vec<String>, sent: &mut std::collections::HashMap<String, Sent>) {
+    for line in lines {
+        if let Some(rest) = after_marker(&line, "followup-accepted ") {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let entry = sent.get_mut(words[0]).expect("a follow-up the driver sent");
+            entry.answer = Some(Ok((words[1].to_owned(), words[2].parse().unwrap())));
+        } else if let Some(rest) = after_marker(&line, "followup-refused ") {
+            let (token, why) = rest.split_once(' ').unwrap_or((rest, ""));
+            let entry = sent.get_mut(token).expect("a follow-up the driver sent");
+            entry.answer = Some(Err(why.to_owned()));
+        }
+    }
+}
+
+#[test]
+fn three_hosts_under_kills_and_moves_deliver_every_accepted_message_once() {
+    if std::env::var(URL_VAR).is_ok() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(serve_if_host());
+        return;
+    }
+    let seed = std::env::var("LINEAGE_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("stress seed {seed} (LINEAGE_STRESS_SEED replays it)");
+    let mut rng = Rng(seed);
+    let url = postgres().create_database();
+    let mut hosts: Vec<HostProcess> = (0..3).map(|_| HostProcess::start(STRESS, &url)).collect();
+    let mut generation = [0usize; 3];
+
+    // Each host starts a lead with two children; leads move and hosts die from here on.
+    struct Lead {
+        id: SessionId,
+        at: usize,
+        children: Vec<SessionId>,
+    }
+    let mut leads = Vec::new();
+    for (at, host) in hosts.iter_mut().enumerate() {
+        let id: SessionId = host.ask("lead", "lead ").parse().unwrap();
+        let children = (0..2)
+            .map(|_| {
+                host.ask(&format!("start {id} work"), "child ")
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        leads.push(Lead { id, at, children });
+    }
+    let mut sent = std::collections::HashMap::new();
+    let (mut kills, mut moves, mut interrupts) = (0, 0, 0);
+    for round in 0..60 {
+        let lead = rng.below(leads.len());
+        let (id, at) = (leads[lead].id, leads[lead].at);
+        match rng.below(20) {
+            // A follow-up from the lead's host to one of its children, wherever that child is.
+            0..=12 => {
+                let child = leads[lead].children[rng.below(2)];
+                let token = format!("message-{round}");
+                hosts[at].send(&format!("followup {id} {child} {token}"));
+                let host = (at, generation[at]);
+                sent.insert(
+                    token,
+                    Sent {
+                        child,
+                        host,
+                        answer: None,
+                    },
+                );
+            }
+            13 | 14 => {
+                let child = leads[lead].children[rng.below(2)];
+                hosts[at].send(&format!("interrupt {id} {child}"));
+                interrupts += 1;
+            }
+            // The lead moves to another host; its children stay where they are.
+            15..=17 => {
+                let to = (at + 1 + rng.below(2)) % 3;
+                hosts[at].ask(&format!("dispose {id}"), &format!("gone {id}"));
+                resume_until_granted(&mut hosts[to], id);
+                leads[lead].at = to;
+                moves += 1;
+            }
+            // A host dies; a new process takes its place, and its leads are resumed elsewhere.
+            _ => {
+                let dead = rng.below(3);
+                read_answers(hosts[dead].drain(), &mut sent);
+                hosts[dead].helper.kill();
+                read_answers(hosts[dead].drain(), &mut sent);
+                kills += 1;
+                generation[dead] += 1;
+                hosts[dead] = HostProcess::start(STRESS, &url);
+                for lead in leads.iter_mut().filter(|l| l.at == dead) {
+                    let to = rng.below(3);
+                    resume_until_granted(&mut hosts[to], lead.id);
+                    lead.at = to;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20 + rng.below(60) as u64));
+    }
+
+    // Every follow-up sent to a host still running is answered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for host in hosts.iter_mut() {
+            read_answers(host.drain(), &mut sent);
+        }
+        let waiting = sent
+            .values()
+            .filter(|s| s.answer.is_none() && generation[s.host.0] == s.host.1)
+            .count();
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} follow-ups were never answered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The children finish the turns they were given, then every host stops at once.
+    std::thread::sleep(Duration::from_millis(500));
+    for host in hosts.iter_mut() {
+        host.helper.kill();
+    }
+
+    let store = Store::open_read_only(&url).unwrap();
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "every log verifies: {report:?}");
+    let mut sessions: Vec<SessionId> = leads.iter().map(|l| l.id).collect();
+    sessions.extend(leads.iter().flat_map(|l| l.children.iter().copied()));
+    for session in &sessions {
+        let tenures = tenures(&store.read_from(*session, 0).unwrap());
+        assert!(
+            tenures.windows(2).all(|w| w[0].1 < w[1].1),
+            "the fencing tokens of {session} grow strictly, tenure by tenure: {tenures:?}"
+        );
+    }
+    let (mut lost, mut duplicated, mut claimed) = (0, 0, 0);
+    let mut latencies = Vec::new();
+    for (token, sent) in &sent {
+        let log = store.read_from(sent.child, 0).unwrap();
+        let inserted: Vec<&Message> = log
+            .iter()
+            .filter_map(|e| match &e.body {
+                EventBody::InboxSpliced(s) => Some(s.inserted.iter()),
+                _ => None,
+            })
+            .flatten()
+            .filter(|m| m.text() == *token)
+            .collect();
+        match &sent.answer {
+            Some(Ok((id, ms))) => {
+                latencies.push(*ms);
+                let once = inserted.iter().filter(|m| m.id.to_string() == *id).count();
+                if once == 0 {
+                    lost += 1;
+                }
+                if inserted.len() > 1 {
+                    duplicated += 1;
+                }
+                let taken = log.iter().any(
+                    |e| matches!(&e.body, EventBody::UserMessage(m) if m.id.to_string() == *id),
+                );
+                claimed += usize::from(taken);
+            }
+            // Refused, or its host died first: it reached the child at most once.
+            _ => {
+                if inserted.len() > 1 {
+                    duplicated += 1;
+                }
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let accepted = latencies.len();
+    let median = latencies.get(accepted / 2).copied().unwrap_or(0);
+    let max = latencies.last().copied().unwrap_or(0);
+    let refused = sent
+        .values()
+        .filter(|s| matches!(s.answer, Some(Err(_))))
+        .count();
+    eprintln!(
+        "stress: 3 hosts, {kills} kills, {moves} lead moves, {interrupts} interrupts; {} follow-ups: \
+         {accepted} accepted ({claimed} claimed into a turn, the rest pending in the child's \
+         inbox), {refused} refused, {} unanswered (their host was killed); lost {lost}, \
+         duplicated {duplicated}; acceptance latency median {median} ms, max {max} ms",
+        sent.len(),
+        sent.len() - accepted - refused,
+    );
+    assert_eq!((lost, duplicated), (0, 0));
+    assert!(accepted > 0, "some follow-ups were accepted");
+}
+
+/// Asks `host` to resume `lead` until the lease of the host that had it lets it (a killed host's
+/// runs out).
+fn resume_until_granted(host: &mut HostProcess, lead: SessionId) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (resumed, refused) = (format!("resumed {lead}"), format!("refused {lead} "));
+    loop {
+        host.send(&format!("resume {lead}"));
+        let refusal = host.expect_where(|l| {
+            if l.contains(&resumed) {
+                Some(None)
+            } else {
+                after_marker(l, &refused).map(|why| Some(why.to_owned()))
+            }
+        });
+        let Some(why) = refusal else {
+            return;
+        };
+        assert!(
+            why.contains("held by another host"),
+            "resume of {lead} refused: {why}"
+        );
+        assert!(Instant::now() < deadline, "{lead} was never free to resume");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -899,3 +899,108 @@ fn resume_until_granted(host: &mut HostProcess, lead: SessionId) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mail_that_cannot_be_delivered_is_discarded_with_an_event_in_its_recipients_log() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    let a = host(&url, &router);
+    let lead = a
+        .agents
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let stranger = SessionId::new();
+    let message = Message::user_text(
+        "a follow-up for an agent that is no child",
+        MessageSource::User,
+    );
+    let followup = serde_json::json!({ "kind": "followup", "message": message });
+    let pieces = [
+        followup.to_string().into_bytes(),
+        b"not mail at all".to_vec(),
+    ];
+    let mut ids = Vec::new();
+    for body in pieces {
+        let mail = lineage::store::Mail {
+            id: lineage::log::MessageId::new().as_uuid(),
+            recipient: lead.id(),
+            sender: stranger,
+            body,
+        };
+        ids.push(mail.id.to_string());
+        assert!(a.store.post(&mail).unwrap());
+    }
+    eventually("the mail is taken out", || {
+        a.store.mail_for(&[lead.id()]).unwrap().is_empty()
+    })
+    .await;
+    let discarded: Vec<String> = stored(&url, lead.id())
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Custom(c)
+                if c.type_name.as_str() == lineage::subagent::MAIL_DISCARDED_EVENT =>
+            {
+                let v: serde_json::Value = serde_json::from_str(c.payload.as_str()).unwrap();
+                assert_eq!(v["sender"], stranger.to_string());
+                assert!(!v["reason"].as_str().unwrap().is_empty());
+                Some(v["mail"].as_str().unwrap().to_owned())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        discarded, ids,
+        "each piece is discarded once, with an event"
+    );
+    assert!(lead.pending(lineage::log::InboxTarget::NextTurn).is_empty());
+}
+
+const RESIDENT: &str = "a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_another";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_another() {
+    if serve_if_host().await {
+        return;
+    }
+    let url = postgres().create_database();
+    let mut a = HostProcess::start(RESIDENT, &url);
+    let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
+    let child: SessionId = a
+        .ask(&format!("start {lead} hang"), "child ")
+        .parse()
+        .unwrap();
+    a.ask(&format!("dispose {lead}"), &format!("gone {lead}"));
+
+    let store = Store::open_with(&url, options(TTL)).unwrap();
+    let b = Host::new(store, Arc::new(Router::default())).unwrap();
+    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+    let mut latencies = Vec::new();
+    for n in 0..5 {
+        let sent_at = Instant::now();
+        let id = b
+            .subagents
+            .followup(
+                &lead_b,
+                child,
+                vec![ContentBlock::text(format!("job {n} from host B"))],
+                MessageSource::Coordinator { sender: lead },
+                &Cancellation::new(),
+            )
+            .await
+            .expect("host A takes the follow-up into the child's inbox");
+        latencies.push(sent_at.elapsed());
+        // A made it durable in the child's log before it took the mail out.
+        let inserted = stored(&url, child)
+            .iter()
+            .filter(|e| matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| m.id == id)))
+            .count();
+        assert_eq!(inserted, 1, "follow-up {n} is in the child's log once");
+    }
+    assert!(
+        !b.subagents.is_resident(child),
+        "the child stayed with host A"
+    );
+    eprintln!("follow-ups from host B to a child on host A accepted in {latencies:?}");
+    assert!(b.store.mail_for(&[child]).unwrap().is_empty());
+}

@@ -36,7 +36,10 @@ pub mod tools;
 use std::sync::{Mutex, MutexGuard};
 
 pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
-pub use continuation::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
+pub use continuation::{
+    Authority, ContinuableRequest, ContinuableStarted, MAIL_DISCARDED_EVENT, MAIL_POLL,
+    ReportDelivery,
+};
 pub use contract::{
     Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,
     MAX_DIAGNOSTIC_BYTES, PrepareContinuable, Provider, ResolvedStart, StartRequest, StopReason,

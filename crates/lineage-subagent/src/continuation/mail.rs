@@ -84,6 +84,27 @@ impl Post {
     }
 }
 
+/// The custom event type that records, in its recipient's log, mail that could not be delivered
+/// and was taken out of the mailbox.
+pub const MAIL_DISCARDED_EVENT: &str = "lineage.subagent/mail-discarded";
+
+/// Records in `recipient`'s log that `piece` is discarded, and why (the caller flushes, then
+/// takes the mail out): accepted mail is claimed into a turn or discarded with an event.
+fn discard(recipient: &Agent, piece: &Mail, reason: &str) -> Result<(), lineage_agent::AgentError> {
+    let payload = json!({
+        "mail": piece.id.to_string(),
+        "sender": piece.sender.to_string(),
+        "reason": reason,
+    });
+    recipient
+        .record(lineage_log::Custom {
+            type_name: MAIL_DISCARDED_EVENT.into(),
+            payload: payload.to_string().into(),
+            ignorable: true,
+        })
+        .map(drop)
+}
+
 impl SubagentRuntime {
     /// Runs a blocking store call off the runtime's threads.
     async fn on_store<T: Send + 'static>(
@@ -321,37 +342,24 @@ impl SubagentRuntime {
             let Some(recipient) = self.agents().get(piece.recipient) else {
                 continue;
             };
-            let post = match Post::decode(&piece.body) {
-                Ok(post) => post,
-                Err(reason) => {
-                    // Mail nobody can read is discarded, and said so.
-                    self.continuation().diagnose(
-                        piece.recipient,
-                        DiagnosticKind::NoticeUndelivered,
-                        format!(
-                            "mail {} from {} is unreadable and was discarded: {reason}",
-                            piece.id, piece.sender
-                        ),
-                    );
-                    let id = piece.id;
-                    let _ = self.on_store(move |store| store.take_mail(&[id])).await;
-                    continue;
-                }
+            let delivered = match Post::decode(&piece.body) {
+                Ok(post) => self.deliver(&recipient, post).await,
+                Err(reason) => Err(SubagentError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("the mail is unreadable: {reason}"),
+                )),
             };
-            match self.deliver(&recipient, post).await {
+            match delivered {
                 Ok(true) => {}
                 // Not deliverable here now (a teardown under way): left for the next look.
                 Ok(false) => continue,
+                // The recipient is going away: whoever keeps it next gets the mail.
+                Err(_) if recipient.is_disposing() => continue,
                 Err(error) => {
-                    self.continuation().diagnose(
-                        piece.recipient,
-                        DiagnosticKind::NoticeUndelivered,
-                        format!(
-                            "mail {} from {} was not delivered: {error}",
-                            piece.id, piece.sender
-                        ),
-                    );
-                    continue;
+                    if let Err(failure) = discard(&recipient, &piece, &error.to_string()) {
+                        tracing::warn!(%failure, mail = %piece.id, "undeliverable mail could not be discarded; it stays");
+                        continue;
+                    }
                 }
             }
             if let Err(error) = recipient.flush().await {

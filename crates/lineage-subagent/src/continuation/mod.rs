@@ -66,6 +66,7 @@ use lineage_agent::{Agent, AgentStatus, Agents};
 use lineage_log::{MessageId, SessionId};
 use tokio::sync::{OwnedMutexGuard, watch};
 
+pub use mail::{MAIL_DISCARDED_EVENT, MAIL_POLL};
 pub use request::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
 
 use crate::lifecycle::RunInfo;

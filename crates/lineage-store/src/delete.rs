@@ -143,6 +143,12 @@ pub(crate) fn delete_in(
     if let Some(&owned) = order.iter().find(|s| job.owners.contains(**s)) {
         return Ok(Err(StoreError::OwnedSession { session, owned }));
     }
+    // Nor one another host keeps resident.
+    for &kept in &order {
+        if let Some(lease) = txn.held_elsewhere(kept)? {
+            return Ok(Err(StoreError::held_elsewhere(kept, &lease)));
+        }
+    }
     let mut deleted = Deleted {
         sessions: order.clone(),
         ..Deleted::default()

@@ -272,6 +272,14 @@ pub(crate) trait Removal {
     fn children(&mut self, parent: SessionId) -> std::result::Result<Vec<SessionId>, EngineError>;
     /// Removes the session's row, blocks and index entries (as a child and as a parent).
     fn remove(&mut self, session: SessionId) -> std::result::Result<Removed, EngineError>;
+    /// The session's lease if another holder's is live (on a shared store): it is not this
+    /// store's to delete.
+    fn held_elsewhere(
+        &mut self,
+        _session: SessionId,
+    ) -> std::result::Result<Option<LeaseState>, EngineError> {
+        Ok(None)
+    }
 }
 
 /// The record count a block value's header states (0 for a header too short to say).

@@ -287,6 +287,16 @@ fn owned_phrase(session: SessionId, owned: SessionId) -> String {
 }
 
 impl StoreError {
+    /// [`StoreError::HeldElsewhere`] for `session`, whose live lease is `lease`.
+    pub(crate) fn held_elsewhere(session: SessionId, lease: &crate::LeaseState) -> StoreError {
+        StoreError::HeldElsewhere {
+            session,
+            holder: lease.holder.unwrap_or_default(),
+            fence: lease.fence,
+            expires_in_ms: u64::try_from(lease.expires_in.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
     /// Maps a log error about `session` to the store's vocabulary.
     pub(crate) fn from_log(session: SessionId, error: LogError) -> StoreError {
         match error {

@@ -130,12 +130,7 @@ impl Store {
                 }
                 Ok(owner)
             }
-            Acquired::HeldElsewhere(lease) => Err(StoreError::HeldElsewhere {
-                session,
-                holder: lease.holder.unwrap_or_default(),
-                fence: lease.fence,
-                expires_in_ms: u64::try_from(lease.expires_in.as_millis()).unwrap_or(u64::MAX),
-            }),
+            Acquired::HeldElsewhere(lease) => Err(StoreError::held_elsewhere(session, &lease)),
         }
     }
 

@@ -164,10 +164,11 @@ const WRITE_REFUSAL: &str = "
 SELECT (SELECT next_seq FROM lineage_sessions WHERE id = $1), l.holder, l.fence,
        GREATEST(COALESCE(EXTRACT(EPOCH FROM l.expires_at - now()) * 1000, 0), 0)::bigint
 FROM (SELECT 1) AS one LEFT JOIN lineage_leases l ON l.session = $1";
-/// A session's lease: holder, token, and the milliseconds it has left.
+/// A session's lease: holder, token, and the milliseconds it has left (locked until the end of
+/// the transaction it is read in, so a deletion orders with a takeover).
 const LEASE: &str = "
 SELECT holder, fence, GREATEST(COALESCE(EXTRACT(EPOCH FROM expires_at - now()) * 1000, 0), 0)::bigint
-FROM lineage_leases WHERE session = $1";
+FROM lineage_leases WHERE session = $1 FOR SHARE";
 /// Takes a lease (`$1` session, `$2` holder, `$3` milliseconds): free, released or expired, or
 /// already this holder's. A takeover raises the token; a renewal of a live lease keeps it.
 const ACQUIRE: &str = "
@@ -593,7 +594,11 @@ impl PgEngine {
             }
         }
         let mut answers = Vec::with_capacity(deletions.len());
-        let mut removal = PgRemoval { shared, conn };
+        let mut removal = PgRemoval {
+            shared,
+            conn,
+            holder: self.holder,
+        };
         for deletion in deletions {
             match crate::delete::delete_in(&mut removal, deletion) {
                 Ok(answer) => answers.push((deletion.id, answer)),
@@ -1059,6 +1064,7 @@ impl Iterator for PgBlocks {
 struct PgRemoval<'a> {
     shared: &'a Shared,
     conn: &'a Arc<Conn>,
+    holder: Uuid,
 }
 
 impl PgRemoval<'_> {
@@ -1078,6 +1084,19 @@ impl PgRemoval<'_> {
 }
 
 impl Removal for PgRemoval<'_> {
+    fn held_elsewhere(
+        &mut self,
+        session: SessionId,
+    ) -> std::result::Result<Option<LeaseState>, EngineError> {
+        let id = uuid_of(session);
+        let rows =
+            self.rows(|c| Box::pin(async move { c.client.query(&c.st.lease, &[&id]).await }))?;
+        Ok(rows
+            .first()
+            .and_then(|row| lease_of(row, 0))
+            .filter(|lease| lease.is_live() && lease.holder != Some(self.holder)))
+    }
+
     fn is_stored(&mut self, session: SessionId) -> std::result::Result<bool, EngineError> {
         let id = uuid_of(session);
         let rows =

@@ -331,3 +331,18 @@ fn an_embedded_file_has_no_mailbox() {
     assert!(store.post(&mail).is_err());
     assert!(store.mail_for(&[id]).unwrap().is_empty());
 }
+
+#[test]
+fn a_session_another_host_keeps_is_not_deleted_under_it() {
+    let (_url, a, b, id) = two_hosts();
+    let owner = a.own(id).unwrap();
+    match b.delete(id, lineage_store::DeleteRule::Subtree) {
+        Err(StoreError::HeldElsewhere {
+            session, holder, ..
+        }) => assert_eq!((session, holder), (id, a.holder())),
+        other => panic!("expected HeldElsewhere, got {other:?}"),
+    }
+    assert!(b.info(id).is_ok(), "the session is still stored");
+    drop(owner);
+    b.delete(id, lineage_store::DeleteRule::Subtree).unwrap();
+}

@@ -157,7 +157,9 @@ impl Outcome {
 impl Host {
     /// A host over `store` with `model` answering every agent, the `spawn` and `fork`
     /// providers registered and the `report` tool given to every continuable child (its
-    /// reports reach the parent at its next step).
+    /// reports reach the parent at its next step). On a shared store, made inside a tokio
+    /// runtime, it also serves the mail other hosts send its agents
+    /// ([`SubagentRuntime::serve_mail`]) until it is closed or dropped.
     pub fn new(store: Store, model: Arc<dyn Model>) -> Result<Host, HostError> {
         let host = Host::without_providers(store, model);
         for provider in [

@@ -704,7 +704,9 @@ fn three_hosts_under_kills_and_moves_deliver_every_accepted_message_once() {
                 .as_nanos() as u64
                 | 1
         });
-    eprintln!("stress seed {seed} (LINEAGE_STRESS_SEED replays it)");
+    eprintln!(
+        "stress seed {seed} (LINEAGE_STRESS_SEED replays it; LINEAGE_STRESS_ROUNDS sets its length)"
+    );
     let mut rng = Rng(seed);
     let url = postgres().create_database();
     let mut hosts: Vec<HostProcess> = (0..3).map(|_| HostProcess::start(STRESS, &url)).collect();
@@ -730,7 +732,11 @@ fn three_hosts_under_kills_and_moves_deliver_every_accepted_message_once() {
     }
     let mut sent = std::collections::HashMap::new();
     let (mut kills, mut moves, mut interrupts) = (0, 0, 0);
-    for round in 0..60 {
+    let rounds = std::env::var("LINEAGE_STRESS_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(60);
+    for round in 0..rounds {
         let lead = rng.below(leads.len());
         let (id, at) = (leads[lead].id, leads[lead].at);
         match rng.below(20) {

@@ -7,6 +7,11 @@
 //! transaction with one fsync, each session's write conditional on where its log ends; reads are
 //! one range scan per session. See `schema/FORMAT.md` for the layout.
 //!
+//! On a shared store, one host at a time writes a session: owning it ([`Store::own`]) takes its
+//! lease, every write carries the lease's fencing token, and a host whose lease was taken over is
+//! refused ([`StoreError::Fenced`]). Hosts reach sessions another host keeps through the store's
+//! mailbox ([`Store::post`]). On an embedded file the same calls hold with one writer.
+//!
 //! The store is synchronous: it spawns its own writer thread and needs no async runtime (the
 //! PostgreSQL engine runs one of its own, on its own thread).
 

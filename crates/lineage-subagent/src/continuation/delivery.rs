@@ -69,9 +69,10 @@ impl SubagentRuntime {
         self.continuation()
             .acquire_ownership(parent, activation.child())?;
         let id = message.id;
-        // Mail from another host may have reached the child already, through a holder that
-        // stopped before it took the mail out: the child has it once.
-        if !holds_message(&activation.agent, id) {
+        // On a shared store, mail from another host may have reached the child already, through
+        // a holder that stopped before it took the mail out: the child has it once.
+        let store = self.agents().store();
+        if !(store.is_shared() && holds_message(&activation.agent, id)) {
             let agent = activation.agent.clone();
             admit_waking(activation, id, || agent.followup(message))?;
         }

@@ -128,6 +128,24 @@ async fn a_host_whose_session_was_taken_over_stops_its_agent_and_writes_nothing_
     );
 }
 
+/// Sends `text` from `lead` to its child `child`, as a coordinating parent does.
+async fn follow_up(
+    host: &Host,
+    lead: &Arc<lineage::agent::Agent>,
+    child: SessionId,
+    text: impl Into<String>,
+) -> Result<lineage::log::MessageId, lineage::subagent::SubagentError> {
+    host.subagents
+        .followup(
+            lead,
+            child,
+            vec![ContentBlock::text(text.into())],
+            MessageSource::Coordinator { sender: lead.id() },
+            &Cancellation::new(),
+        )
+        .await
+}
+
 /// Polls `done` until it holds; the hosts work on their own threads and the database's clock.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -180,15 +198,7 @@ async fn a_child_resident_on_one_host_takes_a_follow_up_from_its_parent_on_anoth
 
     // B's follow-up reaches the child on A by mail.
     let sent_at = Instant::now();
-    let id = b
-        .subagents
-        .followup(
-            &lead_b,
-            child,
-            vec![ContentBlock::text("second job")],
-            MessageSource::Coordinator { sender: lead_id },
-            &Cancellation::new(),
-        )
+    let id = follow_up(&b, &lead_b, child, "second job")
         .await
         .expect("the follow-up is accepted by the host that keeps the child");
     let latency = sent_at.elapsed();
@@ -398,16 +408,7 @@ async fn serve_host(url: &str, ttl: Duration) {
                             "followup-refused {token} the lead is not live here"
                         ));
                     };
-                    let sent = host
-                        .subagents
-                        .followup(
-                            &lead,
-                            child,
-                            vec![ContentBlock::text(token.clone())],
-                            MessageSource::Coordinator { sender: lead.id() },
-                            &Cancellation::new(),
-                        )
-                        .await;
+                    let sent = follow_up(&host, &lead, child, token.clone()).await;
                     match sent {
                         Ok(message) => report_line(&format!(
                             "followup-accepted {token} {message} {}",
@@ -524,6 +525,20 @@ async fn until_free(store: &Store, session: SessionId) {
     }
 }
 
+/// Host process A (the process `test` re-runs itself as) with a lead that started a child on
+/// `hang`, so the child stays mid-turn and resident on A, then let the lead go: another host can
+/// take the lead over while the child stays with A. Returns A, the lead and the child.
+fn child_left_on_host_a(test: &str, url: &str) -> (HostProcess, SessionId, SessionId) {
+    let mut a = HostProcess::start(test, url);
+    let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
+    let child: SessionId = a
+        .ask(&format!("start {lead} hang"), "child ")
+        .parse()
+        .unwrap();
+    a.ask(&format!("dispose {lead}"), &format!("gone {lead}"));
+    (a, lead, child)
+}
+
 const KILLED: &str = "a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follow_up";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,14 +547,7 @@ async fn a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follo
         return;
     }
     let url = postgres().create_database();
-    let mut a = HostProcess::start(KILLED, &url);
-    let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
-    let child: SessionId = a
-        .ask(&format!("start {lead} hang"), "child ")
-        .parse()
-        .unwrap();
-    // The lead moves here (host B); the child stays on A, mid-turn.
-    assert_eq!(a.ask(&format!("dispose {lead}"), "gone "), lead.to_string());
+    let (mut a, lead, child) = child_left_on_host_a(KILLED, &url);
 
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
@@ -551,14 +559,7 @@ async fn a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follo
     // A dies with the child mid-turn; B's next follow-up waits out A's lease and takes over.
     a.helper.kill();
     let killed_at = Instant::now();
-    b.subagents
-        .followup(
-            &lead_b,
-            child,
-            vec![ContentBlock::text("after the crash")],
-            MessageSource::Coordinator { sender: lead },
-            &Cancellation::new(),
-        )
+    follow_up(&b, &lead_b, child, "after the crash")
         .await
         .expect("the follow-up takes the child over");
     let takeover = killed_at.elapsed();
@@ -970,13 +971,7 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
         return;
     }
     let url = postgres().create_database();
-    let mut a = HostProcess::start(RESIDENT, &url);
-    let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
-    let child: SessionId = a
-        .ask(&format!("start {lead} hang"), "child ")
-        .parse()
-        .unwrap();
-    a.ask(&format!("dispose {lead}"), &format!("gone {lead}"));
+    let (_a, lead, child) = child_left_on_host_a(RESIDENT, &url);
 
     let store = Store::open_with(&url, options(TTL)).unwrap();
     let b = Host::new(store, Arc::new(Router::default())).unwrap();
@@ -984,15 +979,7 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
     let mut latencies = Vec::new();
     for n in 0..5 {
         let sent_at = Instant::now();
-        let id = b
-            .subagents
-            .followup(
-                &lead_b,
-                child,
-                vec![ContentBlock::text(format!("job {n} from host B"))],
-                MessageSource::Coordinator { sender: lead },
-                &Cancellation::new(),
-            )
+        let id = follow_up(&b, &lead_b, child, format!("job {n} from host B"))
             .await
             .expect("host A takes the follow-up into the child's inbox");
         latencies.push(sent_at.elapsed());

@@ -231,13 +231,7 @@ impl SubagentRuntime {
         if cancel.is_cancelled() {
             return Err(followup_cancelled(child, cancel));
         }
-        let unavailable = |reason: String| {
-            SubagentError::new(
-                ErrorCode::NotResumable,
-                format!("subagent {child} is unavailable: {reason}"),
-            )
-        };
-        let loaded = inspected.map_err(unavailable)?;
+        let loaded = inspected.map_err(|reason| unavailable(child, reason))?;
         self.continuation().assert_admitting(parent)?;
         self.continuation()
             .authorize_lineage(parent, child, loaded.header.parent)?;
@@ -420,6 +414,15 @@ impl SubagentRuntime {
         sent.map_err(|e| parent_unavailable().with_source(e))?;
         Ok(id)
     }
+}
+
+/// The refusal of a message to `child`, whose stored state could not be read (or mail to it
+/// could not be posted) for `reason`.
+pub(super) fn unavailable(child: SessionId, reason: impl std::fmt::Display) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::NotResumable,
+        format!("subagent {child} is unavailable: {reason}"),
+    )
 }
 
 /// Counts `id` as accepted waking work of `activation` before `send` runs, so the activation

@@ -24,7 +24,7 @@ use lineage_log::{AbortCause, Message, MessageId};
 use lineage_store::Mail;
 use serde_json::{Value, json};
 
-use super::delivery::{admit_waking, followup_cancelled};
+use super::delivery::{admit_waking, followup_cancelled, unavailable};
 use super::recovery::holds_message;
 use super::*;
 use crate::ReportDelivery;
@@ -159,12 +159,7 @@ impl SubagentRuntime {
         message: Message,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
-        let unavailable = |reason: String| {
-            SubagentError::new(
-                ErrorCode::NotResumable,
-                format!("subagent {child} is unavailable: {reason}"),
-            )
-        };
+        let unavailable = |reason: String| unavailable(child, reason);
         let info = self
             .on_store(move |store| store.info(child))
             .await
@@ -256,12 +251,7 @@ impl SubagentRuntime {
         if !store.is_shared() {
             return Ok(false);
         }
-        let unreadable = |error: lineage_store::StoreError| {
-            SubagentError::new(
-                ErrorCode::NotResumable,
-                format!("subagent {target} is unavailable: {error}"),
-            )
-        };
+        let unreadable = |error: lineage_store::StoreError| unavailable(target, error);
         let elsewhere = store
             .lease(target)
             .map_err(unreadable)?

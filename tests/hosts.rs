@@ -261,7 +261,8 @@ fn options(ttl: Duration) -> StoreOptions {
 
 /// The models of a host process: the lead answers `ok`; a child on `hang` never answers (its turn
 /// stays open); a child on `work` calls `pause` (a tool that takes a little while) and answers
-/// `done`, by turns.
+/// `done`, by turns; a child on `relay` hangs in its first turn, and in its second reports to
+/// its parent, then answers `relayed`.
 fn host_router() -> Arc<Router> {
     const PAUSE: ScriptedCall<'static> = ("p", "pause", "{}");
     let router = Arc::new(Router::default());
@@ -270,6 +271,16 @@ fn host_router() -> Arc<Router> {
     router.script(
         "work",
         (0..5000).flat_map(|_| [Response::tool_calls(None, &[PAUSE]), Response::text("done")]),
+    );
+    const REPORT: ScriptedCall<'static> = ("r", "report", r#"{"output":"halfway there"}"#);
+    router.script(
+        "relay",
+        [
+            Response::hang(),
+            Response::tool_calls(None, &[REPORT]),
+            Response::text("relayed"),
+            Response::text("relayed again"),
+        ],
     );
     router
 }
@@ -526,13 +537,14 @@ async fn until_free(store: &Store, session: SessionId) {
 }
 
 /// Host process A (the process `test` re-runs itself as) with a lead that started a child on
-/// `hang`, so the child stays mid-turn and resident on A, then let the lead go: another host can
-/// take the lead over while the child stays with A. Returns A, the lead and the child.
-fn child_left_on_host_a(test: &str, url: &str) -> (HostProcess, SessionId, SessionId) {
+/// `model` (`hang` or `relay`, so the child stays mid-turn and resident on A), then let the lead
+/// go: another host can take the lead over while the child stays with A. Returns A, the lead and
+/// the child.
+fn child_left_on_host_a(test: &str, url: &str, model: &str) -> (HostProcess, SessionId, SessionId) {
     let mut a = HostProcess::start(test, url);
     let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
     let child: SessionId = a
-        .ask(&format!("start {lead} hang"), "child ")
+        .ask(&format!("start {lead} {model}"), "child ")
         .parse()
         .unwrap();
     a.ask(&format!("dispose {lead}"), &format!("gone {lead}"));
@@ -547,7 +559,7 @@ async fn a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follo
         return;
     }
     let url = postgres().create_database();
-    let (mut a, lead, child) = child_left_on_host_a(KILLED, &url);
+    let (mut a, lead, child) = child_left_on_host_a(KILLED, &url, "hang");
 
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
@@ -971,7 +983,7 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
         return;
     }
     let url = postgres().create_database();
-    let (_a, lead, child) = child_left_on_host_a(RESIDENT, &url);
+    let (_a, lead, child) = child_left_on_host_a(RESIDENT, &url, "hang");
 
     let store = Store::open_with(&url, options(TTL)).unwrap();
     let b = Host::new(store, Arc::new(Router::default())).unwrap();
@@ -996,4 +1008,58 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
     );
     eprintln!("follow-ups from host B to a child on host A accepted in {latencies:?}");
     assert!(b.store.mail_for(&[child]).unwrap().is_empty());
+}
+
+const RELAYED: &str = "an_interrupt_a_report_and_a_notice_cross_hosts_by_mail";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_a_report_and_a_notice_cross_hosts_by_mail() {
+    if serve_if_host().await {
+        return;
+    }
+    let url = postgres().create_database();
+    let (a, lead, child) = child_left_on_host_a(RELAYED, &url, "relay");
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let store = Store::open_with(&url, options(TTL)).unwrap();
+    let b = Host::new(store, router).unwrap();
+    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+
+    // A follow-up queues behind the child's hanging turn on A; B's interrupt ends that turn
+    // there (the queued work stays parked), and the next follow-up wakes the child: it reports,
+    // then settles.
+    follow_up(&b, &lead_b, child, "then report").await.unwrap();
+    b.subagents
+        .interrupt(child, &Authority::Ancestor(lead_b.clone()))
+        .expect("the interrupt is posted to the host that keeps the child");
+    follow_up(&b, &lead_b, child, "go on").await.unwrap();
+    eventually("the report and the notice reach the lead on B", || {
+        let events = lead_b.events();
+        let reported = events.iter().any(|e| {
+            matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| {
+                matches!(m.source, MessageSource::SubagentReport { sender } if sender == child)
+            }))
+        });
+        reported && !settled_notices(&events).is_empty()
+    })
+    .await;
+    let log = stored(&url, child);
+    // The parked follow-up and the waking one ran in one turn or two.
+    let ends = lineage_testkit::read::turn_ends(&log);
+    assert_eq!(
+        ends[0],
+        TurnEndReason::Aborted {
+            cause: lineage::log::AbortCause::Parent
+        }
+    );
+    assert!(
+        (2..=3).contains(&ends.len()) && ends[1..].iter().all(|e| *e == TurnEndReason::Completed),
+        "{ends:?}"
+    );
+    assert_eq!(user_texts(&log), ["first job", "then report", "go on"]);
+    let notices = settled_notices(&lead_b.events());
+    assert_eq!(notices.len(), 1);
+    assert_eq!(notice_sender(&notices[0]), child);
+    assert!(b.store.mail_for(&[child, lead]).unwrap().is_empty());
+    drop(a);
 }

@@ -734,6 +734,12 @@ impl Agent {
         }
     }
 
+    /// The fencing token of the lease the agent runs under, on a shared store (`None` on an
+    /// embedded file, or once its disposal ended).
+    pub fn lease_fence(&self) -> Option<u64> {
+        lock(&self.owner).as_ref().and_then(SessionOwner::fence)
+    }
+
     /// Whether another host took the agent's session over: it writes nothing more, and disposes
     /// of itself (see [`DiagnosticKind::Fenced`]).
     pub fn is_fenced(&self) -> bool {

@@ -214,6 +214,17 @@ pub(crate) trait Engine: Send + Sync {
     fn take_mail(&self, _ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError> {
         Ok(Vec::new())
     }
+
+    /// Claims mail for this holder, about to deliver it: says whether it may (the mail is
+    /// unclaimed, or its claimant no longer holds the recipient's lease).
+    fn claim_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
+        Ok(false)
+    }
+
+    /// Removes mail unless a host has claimed it; says whether it was removed.
+    fn withdraw_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
+        Ok(false)
+    }
 }
 
 /// A message in a shared store's mailbox, for the host that keeps its recipient resident: how

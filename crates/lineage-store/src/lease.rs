@@ -8,9 +8,11 @@
 //! was paused past its lease, and woke up to write, is refused ([`crate::StoreError::Fenced`])
 //! instead of writing over the new holder's log, whatever its own clock says.
 //!
-//! A keeper thread renews every held lease each third of the lease's time; a lease it finds lost
-//! is reported to the session's pending flushes at once, and its later writes are refused by the
-//! database. Leases are released when their owner is dropped and when the store closes; the
+//! A keeper thread renews every held lease each third of the lease's time. A lease that ran out
+//! is not renewed (it must be taken again), so a host that was paused past its lease finds it
+//! lost even when nobody took it over. A lease a renewal or a write finds lost is reported to the
+//! session's pending flushes at once, and every later write of the session through this store is
+//! refused until its owner is dropped. Leases are released when their owner is dropped and when the store closes; the
 //! token is kept, so the next holder's is larger.
 //!
 //! An embedded file has one writer (its lock says so): there every lease is granted, token 0,
@@ -20,15 +22,37 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::engine::Engine;
+use lineage_log::SessionId;
+
+use crate::StoreError;
+use crate::engine::{Engine, LeaseState};
 use crate::writer::{Queue, Refusal, refuse};
 
 /// A held lease, as the writer's state keeps it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Held {
     pub fence: u64,
-    /// Set when a renewal found the lease taken over; it is then never renewed again.
-    pub lost: bool,
+    /// Set when a renewal or a write found the lease gone (taken over, or run out), with the
+    /// lease as it then stood: it is never renewed again, and every later write of the session
+    /// through this store is refused until its owner is dropped.
+    pub lost: Option<Option<LeaseState>>,
+}
+
+impl Held {
+    pub fn new(fence: u64) -> Held {
+        Held { fence, lost: None }
+    }
+
+    /// The refusal of a write of `session` under this lost lease.
+    pub fn refusal(&self, session: SessionId) -> Option<StoreError> {
+        let lease = self.lost.as_ref()?;
+        Some(StoreError::Fenced {
+            session,
+            fence: Some(self.fence),
+            holder: lease.as_ref().and_then(|l| l.holder),
+            current: lease.as_ref().map(|l| l.fence),
+        })
+    }
 }
 
 /// The thread that renews the store's leases.
@@ -84,7 +108,7 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
         .lock()
         .leases
         .iter()
-        .filter(|(_, held)| !held.lost)
+        .filter(|(_, held)| held.lost.is_none())
         .map(|(session, held)| (*session, held.fence))
         .collect();
     if held.is_empty() {
@@ -102,21 +126,29 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
         }
     };
     for session in lost {
+        let renewed_fence = held.iter().find(|(s, _)| *s == session).map(|(_, f)| *f);
         let lease = engine.lease(session).ok().flatten();
         let mut state = queue.lock();
-        let Some(held) = state.leases.get_mut(&session) else {
+        // The lease asked about, not a newer one taken since (its owner dropped and taken again).
+        let Some(held) = state
+            .leases
+            .get_mut(&session)
+            .filter(|held| Some(held.fence) == renewed_fence)
+        else {
             continue;
         };
-        held.lost = true;
+        held.lost = Some(lease.clone());
         let ours = Some(held.fence);
         let upto = state.tails.get(&session).map_or(0, |tail| tail.last_ticket);
-        tracing::warn!(%session, ?lease, "the session's lease was taken over; its writes are refused from now on");
+        tracing::warn!(%session, ?lease, "the session's lease was lost; its writes are refused from now on");
         refuse(&mut state, session, upto, Refusal::Fenced { ours, lease });
         queue.wake_waiters.notify_all();
     }
 }
 
-impl crate::Store {
+use crate::Store;
+
+impl Store {
     /// Whether other hosts may share this store (PostgreSQL), so that leases and the mailbox
     /// mean something; an embedded file has one writer.
     pub fn is_shared(&self) -> bool {
@@ -144,6 +176,30 @@ impl crate::Store {
             self.inner
                 .engine
                 .mail_for(recipients)
+                .map_err(crate::StoreError::Storage)
+        })
+    }
+
+    /// Claims mail for delivery by this store's host (see [`crate::Mail`]): says whether this host
+    /// may deliver it, which it then takes out ([`Store::take_mail`]). A claim lapses when its
+    /// claimant no longer holds the recipient's lease.
+    pub fn claim_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
+        self.writable()?;
+        crate::store::guard(|| {
+            self.inner
+                .engine
+                .claim_mail(id)
+                .map_err(crate::StoreError::Storage)
+        })
+    }
+
+    /// Takes mail back unless a host has claimed it for delivery; says whether it was taken.
+    pub fn withdraw_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
+        self.writable()?;
+        crate::store::guard(|| {
+            self.inner
+                .engine
+                .withdraw_mail(id)
                 .map_err(crate::StoreError::Storage)
         })
     }

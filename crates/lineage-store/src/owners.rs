@@ -69,9 +69,9 @@ impl Drop for SessionOwner {
             // The store is closed; it released its leases as it closed.
             return;
         };
-        inner.owners.lock().remove(&self.session);
+        // The lease goes first: until the ownership ends nobody here can own the session anew.
         let held = inner.queue.lock().leases.remove(&self.session);
-        if let Some(held) = held.filter(|held| !held.lost) {
+        if let Some(held) = held.filter(|held| held.lost.is_none()) {
             match contained(|| inner.engine.release_lease(self.session, held.fence)) {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
@@ -82,6 +82,7 @@ impl Drop for SessionOwner {
                 }
             }
         }
+        inner.owners.lock().remove(&self.session);
     }
 }
 
@@ -117,7 +118,7 @@ impl Store {
         match acquired {
             Acquired::Granted { fence } => {
                 let mut state = self.inner.queue.lock();
-                state.leases.insert(session, Held { fence, lost: false });
+                state.leases.insert(session, Held::new(fence));
                 owner.fence = Some(fence);
                 // Another host may have written since this store last read the session (a
                 // session created here and not yet written is this store's alone).

@@ -55,7 +55,8 @@ CREATE TABLE lineage_mailbox (
     posted bigserial NOT NULL,
     recipient uuid NOT NULL,
     sender uuid NOT NULL,
-    body bytea NOT NULL
+    body bytea NOT NULL,
+    claimed_by uuid
 );
 CREATE INDEX lineage_mailbox_by_recipient ON lineage_mailbox (recipient, posted);
 CREATE TABLE lineage_leases (
@@ -97,6 +98,9 @@ struct Statements {
     post: Statement,
     mail_for: Statement,
     take_mail: Statement,
+    claim_mail: Statement,
+    withdraw_mail: Statement,
+    remove_mail: Statement,
 }
 
 const ROW: &str = "SELECT row FROM lineage_sessions WHERE id = $1";
@@ -180,17 +184,30 @@ ON CONFLICT (session) DO UPDATE SET
     expires_at = now() + $3::float8 * interval '1 millisecond'
 WHERE l.holder IS NULL OR l.holder = $2 OR l.expires_at <= now()
 RETURNING fence";
-/// Extends the leases (`$3` sessions with `$4` tokens) still held by `$1` for `$2` milliseconds.
+/// Extends the leases (`$3` sessions with `$4` tokens) still held by `$1`, and not run out, for
+/// `$2` milliseconds. A lease that ran out is not revived: its holder must take it again.
 const RENEW: &str = "
 UPDATE lineage_leases AS l SET expires_at = now() + $2::float8 * interval '1 millisecond'
 FROM unnest($3::uuid[], $4::bigint[]) AS h (session, fence)
-WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1
+WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1 AND l.expires_at > now()
 RETURNING l.session";
 const POST: &str = "INSERT INTO lineage_mailbox (id, recipient, sender, body) VALUES ($1, $2, $3, $4) \
      ON CONFLICT (id) DO NOTHING";
 const MAIL_FOR: &str = "SELECT id, recipient, sender, body FROM lineage_mailbox \
      WHERE recipient = ANY($1) ORDER BY posted";
 const TAKE_MAIL: &str = "DELETE FROM lineage_mailbox WHERE id = ANY($1) RETURNING id";
+/// Claims mail (`$1`) for a holder (`$2`) about to deliver it: unclaimed, claimed by it already,
+/// or claimed by a holder that no longer holds the recipient's lease.
+const CLAIM_MAIL: &str = "
+UPDATE lineage_mailbox AS m SET claimed_by = $2
+WHERE m.id = $1 AND (m.claimed_by IS NULL OR m.claimed_by = $2 OR NOT EXISTS (
+    SELECT 1 FROM lineage_leases l
+    WHERE l.session = m.recipient AND l.holder = m.claimed_by AND l.expires_at > now()))
+RETURNING m.id";
+/// Takes mail back if no host has claimed it for delivery.
+const WITHDRAW_MAIL: &str =
+    "DELETE FROM lineage_mailbox WHERE id = $1 AND claimed_by IS NULL RETURNING id";
+const REMOVE_MAIL: &str = "DELETE FROM lineage_mailbox WHERE recipient = $1";
 /// Gives a lease up, keeping its token.
 const RELEASE: &str = "
 UPDATE lineage_leases SET holder = NULL, expires_at = NULL
@@ -366,6 +383,9 @@ impl Shared {
                     client.prepare(POST),
                     client.prepare(MAIL_FOR),
                     client.prepare(TAKE_MAIL),
+                    client.prepare(CLAIM_MAIL),
+                    client.prepare(WITHDRAW_MAIL),
+                    client.prepare(REMOVE_MAIL),
                 );
                 let st = Statements {
                     row: prepared.0?,
@@ -389,6 +409,9 @@ impl Shared {
                     post: prepared.18?,
                     mail_for: prepared.19?,
                     take_mail: prepared.20?,
+                    claim_mail: prepared.21?,
+                    withdraw_mail: prepared.22?,
+                    remove_mail: prepared.23?,
                 };
                 Ok(Arc::new(Conn { client, st }))
             })?
@@ -822,6 +845,20 @@ impl Engine for PgEngine {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
+    fn claim_mail(&self, id: Uuid) -> std::result::Result<bool, EngineError> {
+        let holder = self.holder;
+        let rows = self.on_idle(move |c| async move {
+            c.client.query(&c.st.claim_mail, &[&id, &holder]).await
+        })?;
+        Ok(!rows.is_empty())
+    }
+
+    fn withdraw_mail(&self, id: Uuid) -> std::result::Result<bool, EngineError> {
+        let rows = self
+            .on_idle(move |c| async move { c.client.query(&c.st.withdraw_mail, &[&id]).await })?;
+        Ok(!rows.is_empty())
+    }
+
     fn lease(&self, session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
         let id = uuid_of(session);
         let row =
@@ -1119,6 +1156,15 @@ impl Removal for PgRemoval<'_> {
     fn remove(&mut self, session: SessionId) -> std::result::Result<Removed, EngineError> {
         let id = uuid_of(session);
         self.rows(|c| Box::pin(async move { c.client.query(&c.st.remove_row, &[&id]).await }))?;
+        // Mail for a session that is gone has nobody to reach.
+        self.rows(|c| {
+            Box::pin(async move {
+                c.client
+                    .execute(&c.st.remove_mail, &[&id])
+                    .await
+                    .map(|_| Vec::new())
+            })
+        })?;
         self.rows(|c| {
             Box::pin(async move {
                 c.client

@@ -271,7 +271,7 @@ impl Drop for Inner {
             keeper.stop();
             // The last writes are in: the next holder may take over at once.
             let leases: Vec<_> = self.queue.lock().leases.drain().collect();
-            for (session, held) in leases.into_iter().filter(|(_, held)| !held.lost) {
+            for (session, held) in leases.into_iter().filter(|(_, held)| held.lost.is_none()) {
                 if let Ok(Err(error)) | Err(error) =
                     contained(|| self.engine.release_lease(session, held.fence))
                         .map_err(|panic| EngineError::new(EngineErrorKind::Other, panic))
@@ -752,6 +752,17 @@ impl Store {
         self.writable()?;
         if events.is_empty() {
             return Ok(());
+        }
+        // A session whose lease this store lost is another host's now.
+        if let Some(refusal) = self
+            .inner
+            .queue
+            .lock()
+            .leases
+            .get(&session)
+            .and_then(|held| held.refusal(session))
+        {
+            return Err(refusal);
         }
         self.ensure_tail(session)?;
         let queue = &self.inner.queue;

@@ -398,10 +398,20 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                             found,
                             got: job.blocks[0].first_seq,
                         },
-                        Written::Fenced { lease } => Refusal::Fenced {
-                            ours: job.fence,
-                            lease,
-                        },
+                        Written::Fenced { lease } => {
+                            // The lease is lost for good: later writes are refused here at once.
+                            if let Some(held) = state
+                                .leases
+                                .get_mut(&job.session)
+                                .filter(|held| Some(held.fence) == job.fence)
+                            {
+                                held.lost = Some(lease.clone());
+                            }
+                            Refusal::Fenced {
+                                ours: job.fence,
+                                lease,
+                            }
+                        }
                         Written::Failed(error) => Refusal::Failed(error),
                     };
                     refuse(&mut state, job.session, job.last_ticket, why);

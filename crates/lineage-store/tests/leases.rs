@@ -248,6 +248,11 @@ fn a_held_lease_is_renewed_while_its_owner_lives_and_a_lost_one_fails_the_pendin
         other => panic!("expected Fenced, got {other:?}"),
     }
     assert_eq!(b.info(id).unwrap().len, len);
+    // The session is B's now: A's later writes are refused as fenced, not read as B's log.
+    assert!(matches!(
+        a.append(id, &completed_turn(2, len, "a's, again")),
+        Err(StoreError::Fenced { .. })
+    ));
 }
 
 #[test]
@@ -313,6 +318,19 @@ fn mail_is_posted_once_read_in_posting_order_and_taken_by_exactly_one_host() {
     took.sort();
     assert_eq!(took, ids.to_vec());
     assert!(a.mail_for(&[id]).unwrap().is_empty());
+    assert_eq!(a.mail_for(&[id, other]).unwrap(), vec![elsewhere.clone()]);
+
+    // Mail a host claimed for delivery cannot be withdrawn; unclaimed mail can.
+    let _kept = a.own(other).unwrap();
+    assert!(a.claim_mail(elsewhere.id).unwrap());
+    assert!(
+        !b.claim_mail(elsewhere.id).unwrap(),
+        "the claimant holds the recipient"
+    );
+    assert!(!b.withdraw_mail(elsewhere.id).unwrap());
+    let unclaimed = mail(4, id);
+    assert!(b.post(&unclaimed).unwrap());
+    assert!(b.withdraw_mail(unclaimed.id).unwrap());
     assert_eq!(a.mail_for(&[id, other]).unwrap(), vec![elsewhere]);
 }
 

@@ -7,15 +7,16 @@
 //! after the sender's authority was checked here as for a local delivery.
 //!
 //! Every host with a shared store serves its mail ([`SubagentRuntime::serve_mail`]): it polls the
-//! mailbox for the agents it keeps live, delivers each piece as the local operation would, flushes
-//! the recipient's log, and only then takes the piece out. A piece whose message the recipient's
-//! log already holds (its holder stopped between the flush and the taking) is taken out without
-//! being delivered again, so each message reaches its recipient once.
+//! mailbox for the agents it keeps live, claims each piece, delivers it as the local operation
+//! would, flushes the recipient's log, and only then takes the piece out. A piece whose message
+//! the recipient's log already holds (its holder stopped between the flush and the taking) is
+//! taken out without being delivered again, so each message reaches its recipient once.
 //!
 //! A follow-up's sender waits until its mail is taken (the child has the message), or until no
 //! host holds the child any more: it then takes its mail back and resumes the child itself, as a
-//! local follow-up to a settled child does. Of the sender and a holder, whoever takes the piece
-//! out of the mailbox delivers it.
+//! local follow-up to a settled child does. A sender whose follow-up is cancelled takes its mail
+//! back only if no host has claimed it; a claimed piece is delivered, and the follow-up counts as
+//! accepted.
 
 use std::time::Duration;
 
@@ -41,8 +42,9 @@ enum Post {
     Notice(Message),
     /// A child's report for its parent.
     Report(Message, ReportDelivery),
-    /// An interrupt of a resident child's current turn.
-    Interrupt(AbortCause),
+    /// An interrupt of a resident child's current turn, in the tenure of the lease with this
+    /// fencing token (a later tenure's turns are not its to interrupt).
+    Interrupt(AbortCause, u64),
 }
 
 impl Post {
@@ -56,7 +58,9 @@ impl Post {
             Post::Report(m, ReportDelivery::Quiet) => {
                 json!({ "kind": "report", "message": m, "quiet": true })
             }
-            Post::Interrupt(cause) => json!({ "kind": "interrupt", "cause": cause }),
+            Post::Interrupt(cause, fence) => {
+                json!({ "kind": "interrupt", "cause": cause, "fence": fence })
+            }
         };
         value.to_string().into_bytes()
     }
@@ -76,9 +80,14 @@ impl Post {
                 };
                 Ok(Post::Report(message()?, delivery))
             }
-            Some("interrupt") => serde_json::from_value(value["cause"].clone())
-                .map(Post::Interrupt)
-                .map_err(|e| e.to_string()),
+            Some("interrupt") => {
+                let cause =
+                    serde_json::from_value(value["cause"].clone()).map_err(|e| e.to_string())?;
+                let fence = value["fence"]
+                    .as_u64()
+                    .ok_or("an interrupt without its fencing token")?;
+                Ok(Post::Interrupt(cause, fence))
+            }
             other => Err(format!("unknown kind of mail {other:?}")),
         }
     }
@@ -188,19 +197,29 @@ impl SubagentRuntime {
                 // A host took it into the child's inbox.
                 return Ok(id);
             }
-            if !cancelled && self.held_elsewhere(child).await {
+            if cancelled {
+                // Taken back unless a host has claimed it, which then delivers it.
+                let withdrawn = self
+                    .on_store(move |store| store.withdraw_mail(mail))
+                    .await
+                    .map_err(unavailable)?;
+                return if withdrawn {
+                    Err(followup_cancelled(child, cancel))
+                } else {
+                    Ok(id)
+                };
+            }
+            if self.held_elsewhere(child).await {
                 continue;
             }
-            // Cancelled, or nobody holds the child any more: whoever takes the mail out delivers it.
+            // Nobody holds the child any more: whoever takes the mail out delivers it (a holder
+            // that stopped after delivering it left it in the child's log, where it is found).
             let took = self
                 .on_store(move |store| store.take_mail(&[mail]))
                 .await
                 .map_err(unavailable)?;
             if took.is_empty() {
                 return Ok(id);
-            }
-            if cancelled {
-                return Err(followup_cancelled(child, cancel));
             }
             return Box::pin(self.followup_message(parent, child, message, cancel)).await;
         }
@@ -252,13 +271,13 @@ impl SubagentRuntime {
             return Ok(false);
         }
         let unreadable = |error: lineage_store::StoreError| unavailable(target, error);
-        let elsewhere = store
+        let Some(lease) = store
             .lease(target)
             .map_err(unreadable)?
-            .is_some_and(|lease| lease.is_live() && lease.holder != Some(store.holder()));
-        if !elsewhere {
+            .filter(|lease| lease.is_live() && lease.holder != Some(store.holder()))
+        else {
             return Ok(false);
-        }
+        };
         let parent = store.info(target).map_err(unreadable)?.header.parent;
         let (sender, cause) = match authority {
             Authority::User { parent: expected } => {
@@ -288,7 +307,7 @@ impl SubagentRuntime {
             id: MessageId::new().as_uuid(),
             recipient: target,
             sender,
-            body: Post::Interrupt(cause).encode(),
+            body: Post::Interrupt(cause, lease.fence).encode(),
         };
         store.post(&mail).map_err(unreadable)?;
         Ok(true)
@@ -309,7 +328,11 @@ impl SubagentRuntime {
                 let Some(runtime) = runtime.upgrade() else {
                     return;
                 };
-                runtime.deliver_mail().await;
+                // A pass that panics (in host code it calls) is reported; the next one runs.
+                let pass = tokio::spawn(async move { runtime.deliver_mail().await });
+                if let Err(error) = pass.await {
+                    tracing::error!(%error, "a pass over the mailbox failed; the next one runs");
+                }
             }
         }))
     }
@@ -332,6 +355,16 @@ impl SubagentRuntime {
             let Some(recipient) = self.agents().get(piece.recipient) else {
                 continue;
             };
+            // Claimed first, so a sender cannot take it back while it is being delivered.
+            let id = piece.id;
+            match self.on_store(move |store| store.claim_mail(id)).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, mail = %id, "claiming mail failed; trying again");
+                    continue;
+                }
+            }
             let delivered = match Post::decode(&piece.body) {
                 Ok(post) => self.deliver(&recipient, post).await,
                 Err(reason) => Err(SubagentError::new(
@@ -356,7 +389,6 @@ impl SubagentRuntime {
                 tracing::warn!(%error, mail = %piece.id, "the recipient's log was not flushed; the mail stays");
                 continue;
             }
-            let id = piece.id;
             if let Err(error) = self.on_store(move |store| store.take_mail(&[id])).await {
                 tracing::warn!(%error, mail = %id, "delivered mail was not taken out; its recipient has it once");
             }
@@ -410,9 +442,12 @@ impl SubagentRuntime {
                 }
                 Ok(true)
             }
-            Post::Interrupt(cause) => {
+            Post::Interrupt(cause, fence) => {
+                // Meant for the turn running when it was sent, in that tenure; a tenure since is
+                // not interrupted by it.
                 if let Some(activation) = self.continuation().activation(id)
                     && !activation.is_closing()
+                    && recipient.lease_fence() == Some(fence)
                 {
                     recipient
                         .cancel(cause, Queued::Keep)
@@ -446,9 +481,12 @@ mod tests {
             Post::Notice(message.clone()),
             Post::Report(message.clone(), ReportDelivery::Quiet),
             Post::Report(message.clone(), ReportDelivery::NextStep),
-            Post::Interrupt(AbortCause::Hook {
-                reason: "stop".into(),
-            }),
+            Post::Interrupt(
+                AbortCause::Hook {
+                    reason: "stop".into(),
+                },
+                7,
+            ),
         ];
         for post in posts {
             let read = Post::decode(&post.encode()).unwrap();

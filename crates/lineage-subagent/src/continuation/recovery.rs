@@ -71,7 +71,12 @@ impl SubagentRuntime {
             .map_err(|e| SubagentError::agent(parent_id, e))?;
         for child in recovered {
             let store = parent.store().clone();
-            blocking(child, move || store.load(child).map(|_| ())).await?;
+            blocking(child, move || match store.load(child) {
+                // Another host resumed it meanwhile: the repair is that host's.
+                Ok(_) | Err(StoreError::HeldElsewhere { .. }) => Ok(()),
+                Err(error) => Err(error),
+            })
+            .await?;
         }
         Ok(told)
     }

@@ -8,11 +8,10 @@
 //! was paused past its lease, and woke up to write, is refused ([`crate::StoreError::Fenced`])
 //! instead of writing over the new holder's log, whatever its own clock says.
 //!
-//! A keeper thread renews every held lease each third of the lease's time. A lease that ran out
-//! is not renewed (it must be taken again), so a host that was paused past its lease finds it
-//! lost even when nobody took it over. A lease a renewal or a write finds lost is reported to the
-//! session's pending flushes at once, and every later write of the session through this store is
-//! refused until its owner is dropped. Leases are released when their owner is dropped and when the store closes; the
+//! A keeper thread renews every held lease each third of the lease's time (a late renewal keeps a
+//! lease that ran out if nobody took it over meanwhile). A lease a renewal or a write finds lost
+//! (taken over) is reported to the session's pending flushes at once, and every later write of
+//! the session through this store is refused until its owner is dropped. Leases are released when their owner is dropped and when the store closes; the
 //! token is kept, so the next holder's is larger.
 //!
 //! An embedded file has one writer (its lock says so): there every lease is granted, token 0,
@@ -32,7 +31,7 @@ use crate::writer::{Queue, Refusal, refuse};
 #[derive(Clone, Debug)]
 pub(crate) struct Held {
     pub fence: u64,
-    /// Set when a renewal or a write found the lease gone (taken over, or run out), with the
+    /// Set when a renewal or a write found the lease gone (taken over or released), with the
     /// lease as it then stood: it is never renewed again, and every later write of the session
     /// through this store is refused until its owner is dropped.
     pub lost: Option<Option<LeaseState>>,

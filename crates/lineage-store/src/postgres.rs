@@ -184,12 +184,13 @@ ON CONFLICT (session) DO UPDATE SET
     expires_at = now() + $3::float8 * interval '1 millisecond'
 WHERE l.holder IS NULL OR l.holder = $2 OR l.expires_at <= now()
 RETURNING fence";
-/// Extends the leases (`$3` sessions with `$4` tokens) still held by `$1`, and not run out, for
-/// `$2` milliseconds. A lease that ran out is not revived: its holder must take it again.
+/// Extends the leases (`$3` sessions with `$4` tokens) still held by `$1` for `$2` milliseconds.
+/// A lease that ran out and was not taken over is still its holder's (a takeover would have
+/// changed the holder and raised the token), so a late renewal keeps it.
 const RENEW: &str = "
 UPDATE lineage_leases AS l SET expires_at = now() + $2::float8 * interval '1 millisecond'
 FROM unnest($3::uuid[], $4::bigint[]) AS h (session, fence)
-WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1 AND l.expires_at > now()
+WHERE l.session = h.session AND l.fence = h.fence AND l.holder = $1
 RETURNING l.session";
 const POST: &str = "INSERT INTO lineage_mailbox (id, recipient, sender, body) VALUES ($1, $2, $3, $4) \
      ON CONFLICT (id) DO NOTHING";

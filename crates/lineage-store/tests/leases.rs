@@ -237,13 +237,29 @@ fn a_held_lease_is_renewed_while_its_owner_lives_and_a_lost_one_fails_the_pendin
         std::thread::sleep(ttl / 5);
     }
 
-    // A's batch waits; meanwhile its lease is taken over.
+    // A's batch waits; meanwhile B takes the lease over (in one statement, as B's own would
+    // once A's lease ran out: A's keeper, renewing every 150 ms, cannot slip in between).
     a.admit(id, &completed_turn(2, len, "a's")).unwrap();
-    expire_leases(&url);
-    let b_owner = b.own(id).unwrap();
+    postgres().psql(
+        &url,
+        &format!(
+            "UPDATE lineage_leases SET holder = '{}', fence = fence + 1, \
+             expires_at = now() + interval '1 minute' WHERE session = '{id}'",
+            b.holder()
+        ),
+    );
+    let taken = owner.fence().map(|f| f + 1);
     match a.flush(id) {
-        Err(StoreError::Fenced { fence, current, .. }) => {
-            assert_eq!((fence, current), (owner.fence(), b_owner.fence()));
+        Err(StoreError::Fenced {
+            fence,
+            holder,
+            current,
+            ..
+        }) => {
+            assert_eq!(
+                (fence, holder, current),
+                (owner.fence(), Some(b.holder()), taken)
+            );
         }
         other => panic!("expected Fenced, got {other:?}"),
     }

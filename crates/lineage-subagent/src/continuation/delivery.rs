@@ -122,7 +122,20 @@ impl SubagentRuntime {
             content,
             source,
         };
-        self.followup_message(parent, child, message, cancel).await
+        let id = self
+            .followup_message(parent, child, message, cancel)
+            .await?;
+        // On a shared store another host may take the child over at any moment: a follow-up it
+        // accepted here is durable before it is reported accepted (mail is, by its deliverer).
+        if self.agents().store().is_shared()
+            && let Some(agent) = self.agents().get(child)
+        {
+            agent
+                .flush()
+                .await
+                .map_err(|e| SubagentError::agent(child, e))?;
+        }
+        Ok(id)
     }
 
     /// [`Self::followup`] of a message with its id: the child's log holds it once, whichever

@@ -98,6 +98,9 @@ pub(crate) struct Link {
     stderr: StderrTail,
     malformed: Malformed,
     frames: tokio::sync::Mutex<mpsc::UnboundedReceiver<io::Result<Value>>>,
+    /// Set when the reader has read the whole output (so every line that was not a frame is
+    /// recorded in `malformed`).
+    read_all: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Link {
@@ -122,6 +125,7 @@ impl Link {
         let malformed = Malformed::default();
         let (frames_in, frames) = mpsc::unbounded_channel();
         let mut reader = FrameReader::strict(stdout, malformed.clone());
+        let (read_all_tx, read_all) = tokio::sync::watch::channel(false);
         // Read on a task of its own, so the product never blocks on a full stdout whoever is
         // (or is not) waiting for its frames.
         tokio::spawn(async move {
@@ -134,6 +138,7 @@ impl Link {
                     break;
                 }
             }
+            read_all_tx.send_replace(true);
         });
         Ok(Link {
             who,
@@ -142,6 +147,7 @@ impl Link {
             process: tokio::sync::Mutex::new(process),
             malformed,
             frames: tokio::sync::Mutex::new(frames),
+            read_all,
         })
     }
 
@@ -168,6 +174,9 @@ impl Link {
     /// exit status, a line that was not a frame, its stderr's tail), bounded.
     pub(crate) async fn diagnostic(&self, stage: Stage, what: &str) -> String {
         let status = self.process.lock().await.wait_exit(EXIT_WAIT).await;
+        // What the process printed before it exited is read before it is told.
+        let mut read_all = self.read_all.clone();
+        let _ = tokio::time::timeout(EXIT_WAIT, read_all.wait_for(|done| *done)).await;
         let headline = headline(&self.who, stage, what);
         bound_diagnostic(&failure_report(
             &headline,

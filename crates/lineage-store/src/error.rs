@@ -180,6 +180,14 @@ pub enum StoreError {
         /// The session.
         session: SessionId,
     },
+    /// A store option is out of its range.
+    #[error("store option {field}: {reason}")]
+    InvalidOption {
+        /// The option ([`crate::StoreOptions`]' field).
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// Another holder has the session's lease (another host keeps it resident): it cannot be
     /// owned here, nor repaired, until that lease is released or expires.
     #[error(

@@ -53,6 +53,11 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// How long a lease on a shared store lasts unless renewed ([`StoreOptions::lease_ttl`]).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
+/// The range of [`StoreOptions::lease_ttl`]: renewals come every third of it, and the database
+/// computes expiries from it.
+const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// Tuning of a writable store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -66,9 +71,9 @@ pub struct StoreOptions {
     /// The storage engine's page cache, in bytes. Reads stream through it, so it bounds the
     /// memory a scan of a large session adds on top of the decoded events.
     pub cache_bytes: usize,
-    /// How long a session's lease lasts on a shared store (see [`Store::own`]); it is renewed
-    /// every third of that while held. A host that dies is replaced this long after its last
-    /// renewal at most.
+    /// How long a session's lease lasts on a shared store (see [`Store::own`]), from 100 ms to a
+    /// day; it is renewed every third of that while held. A host that dies is replaced this long
+    /// after its last renewal at most.
     pub lease_ttl: Duration,
 }
 
@@ -545,6 +550,15 @@ impl Store {
         store_id: Uuid,
         options: StoreOptions,
     ) -> Result<Store> {
+        if engine.shared() && !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&options.lease_ttl) {
+            return Err(StoreError::InvalidOption {
+                field: "lease_ttl",
+                reason: format!(
+                    "{:?} is outside {MIN_LEASE_TTL:?} to {MAX_LEASE_TTL:?}",
+                    options.lease_ttl
+                ),
+            });
+        }
         let queue = Arc::new(Queue::new());
         let handle = {
             let (engine, queue, options) = (engine.clone(), queue.clone(), options.clone());

@@ -380,3 +380,22 @@ fn a_session_another_host_keeps_is_not_deleted_under_it() {
     drop(owner);
     b.delete(id, lineage_store::DeleteRule::Subtree).unwrap();
 }
+
+#[test]
+fn a_lease_time_out_of_range_is_refused_when_the_store_opens() {
+    let url = postgres().create_database();
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(99),
+        Duration::from_secs(86_401),
+    ] {
+        let options = StoreOptions {
+            lease_ttl: ttl,
+            ..StoreOptions::default()
+        };
+        match Store::open_with(&url, options) {
+            Err(StoreError::InvalidOption { field, .. }) => assert_eq!(field, "lease_ttl"),
+            other => panic!("{ttl:?}: expected InvalidOption, got {other:?}"),
+        }
+    }
+}

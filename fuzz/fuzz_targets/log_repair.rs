@@ -38,6 +38,7 @@ fuzz_target!(init: contain_engine_panics(), |data: &[u8]| {
         block_events: 1 + usize::from(block_events % 16),
         block_bytes: 64 + usize::from(block_bytes % 4096),
         cache_bytes: 1 << 20,
+        ..StoreOptions::default()
     };
     let Ok(log) = accepted_log(source, &mut u) else { return };
     let events = log.events;

@@ -108,6 +108,22 @@ impl Parent {
             .collect()
     }
 
+    /// Whether a session in the child's store has started a turn (read without writing, while
+    /// the child may be writing).
+    fn child_turn_started(&self) -> bool {
+        let Ok(store) = Store::open_read_only(self.child_store()) else {
+            return false;
+        };
+        store.list().unwrap_or_default().iter().any(|info| {
+            store.inspect(info.header.id).is_ok_and(|loaded| {
+                loaded
+                    .events
+                    .iter()
+                    .any(|e| matches!(e.body, EventBody::TurnStart(_)))
+            })
+        })
+    }
+
     fn pid(&self) -> i32 {
         let text = std::fs::read_to_string(self.path("pid")).unwrap();
         text.trim().parse().unwrap()
@@ -228,6 +244,15 @@ async fn a_cancel_mid_turn_settles_aborted_at_once_and_the_child_goes_at_disposa
         })
         .await
         .unwrap();
+    // Mid-turn: the child's turn has started (it is durable before the model is asked).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !parent.child_turn_started() {
+        assert!(
+            Instant::now() < deadline,
+            "the child never started its turn"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     cancel.cancel(AbortCause::Parent);
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Aborted);

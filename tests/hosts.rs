@@ -551,6 +551,19 @@ fn child_left_on_host_a(test: &str, url: &str, model: &str) -> (HostProcess, Ses
     (a, lead, child)
 }
 
+/// Host B, in this test's process: a store of its own on `url`, with the lease time of the host
+/// processes, answering from `router`, and the lead `lead` resumed there.
+async fn host_b_taking(
+    url: &str,
+    router: Arc<Router>,
+    lead: SessionId,
+) -> (Host, Arc<lineage::agent::Agent>) {
+    let store = Store::open_with(url, options(TTL)).unwrap();
+    let b = Host::new(store, router).unwrap();
+    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+    (b, lead_b)
+}
+
 const KILLED: &str = "a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follow_up";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,9 +577,7 @@ async fn a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follo
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     router.script("hang", [Response::text("resumed here, and done")]);
-    let store = Store::open_with(&url, options(TTL)).unwrap();
-    let b = Host::new(store, router.clone()).unwrap();
-    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+    let (b, lead_b) = host_b_taking(&url, router.clone(), lead).await;
 
     // A dies with the child mid-turn; B's next follow-up waits out A's lease and takes over.
     a.helper.kill();
@@ -980,9 +991,7 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
     let url = postgres().create_database();
     let (_a, lead, child) = child_left_on_host_a(RESIDENT, &url, "hang");
 
-    let store = Store::open_with(&url, options(TTL)).unwrap();
-    let b = Host::new(store, Arc::new(Router::default())).unwrap();
-    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+    let (b, lead_b) = host_b_taking(&url, Arc::new(Router::default()), lead).await;
     let mut latencies = Vec::new();
     for n in 0..5 {
         let sent_at = Instant::now();
@@ -1016,9 +1025,7 @@ async fn an_interrupt_a_report_and_a_notice_cross_hosts_by_mail() {
     let (a, lead, child) = child_left_on_host_a(RELAYED, &url, "relay");
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
-    let store = Store::open_with(&url, options(TTL)).unwrap();
-    let b = Host::new(store, router).unwrap();
-    let lead_b = b.resume(lead, parent_spec(vec![])).await.unwrap();
+    let (b, lead_b) = host_b_taking(&url, router, lead).await;
 
     // A follow-up queues behind the child's hanging turn on A; B's interrupt ends that turn
     // there (the queued work stays parked), and the next follow-up wakes the child: it reports,

@@ -267,6 +267,11 @@ impl LeaseState {
     pub fn is_live(&self) -> bool {
         self.holder.is_some() && !self.expires_in.is_zero()
     }
+
+    /// Whether a holder other than `me` still holds it.
+    pub fn held_by_other(&self, me: uuid::Uuid) -> bool {
+        self.is_live() && self.holder != Some(me)
+    }
 }
 
 /// What removing one session took.

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use lineage_log::SessionId;
 
-use crate::StoreError;
-use crate::engine::{Engine, LeaseState};
+use crate::engine::{Engine, LeaseState, Mail};
 use crate::writer::{Queue, Refusal, refuse};
+use crate::{Store, StoreError};
 
 /// A held lease, as the writer's state keeps it.
 #[derive(Clone, Debug)]
@@ -145,8 +145,6 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
     }
 }
 
-use crate::Store;
-
 impl Store {
     /// Whether other hosts may share this store (PostgreSQL), so that leases and the mailbox
     /// mean something; an embedded file has one writer.
@@ -154,64 +152,56 @@ impl Store {
         self.inner.engine.shared()
     }
 
-    /// Posts `mail` for the host that keeps its recipient resident (see [`crate::Mail`]); says
+    /// The session's lease as it stands on a shared store (`None` on an embedded file, or when
+    /// the session was never leased).
+    pub fn lease(&self, session: SessionId) -> crate::Result<Option<LeaseState>> {
+        self.on_engine(|engine| engine.lease(session))
+    }
+
+    /// The session's lease if another host holds it live (it keeps the session resident).
+    pub fn held_elsewhere(&self, session: SessionId) -> crate::Result<Option<LeaseState>> {
+        let me = self.holder();
+        Ok(self.lease(session)?.filter(|lease| lease.held_by_other(me)))
+    }
+
+    /// Posts `mail` for the host that keeps its recipient resident (see [`Mail`]); says
     /// whether it was new. Only a shared store has a mailbox.
-    pub fn post(&self, mail: &crate::Mail) -> crate::Result<bool> {
+    pub fn post(&self, mail: &Mail) -> crate::Result<bool> {
         self.writable()?;
-        crate::store::guard(|| {
-            self.inner
-                .engine
-                .post(mail)
-                .map_err(crate::StoreError::Storage)
-        })
+        self.on_engine(|engine| engine.post(mail))
     }
 
     /// The mail waiting for any of `recipients`, in posting order. It stays waiting until taken.
-    pub fn mail_for(
-        &self,
-        recipients: &[lineage_log::SessionId],
-    ) -> crate::Result<Vec<crate::Mail>> {
-        crate::store::guard(|| {
-            self.inner
-                .engine
-                .mail_for(recipients)
-                .map_err(crate::StoreError::Storage)
-        })
+    pub fn mail_for(&self, recipients: &[SessionId]) -> crate::Result<Vec<Mail>> {
+        self.on_engine(|engine| engine.mail_for(recipients))
     }
 
-    /// Claims mail for delivery by this store's host (see [`crate::Mail`]): says whether this host
+    /// Claims mail for delivery by this store's host (see [`Mail`]): says whether this host
     /// may deliver it, which it then takes out ([`Store::take_mail`]). A claim lapses when its
     /// claimant no longer holds the recipient's lease.
     pub fn claim_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
         self.writable()?;
-        crate::store::guard(|| {
-            self.inner
-                .engine
-                .claim_mail(id)
-                .map_err(crate::StoreError::Storage)
-        })
+        self.on_engine(|engine| engine.claim_mail(id))
     }
 
     /// Takes mail back unless a host has claimed it for delivery; says whether it was taken.
     pub fn withdraw_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
         self.writable()?;
-        crate::store::guard(|| {
-            self.inner
-                .engine
-                .withdraw_mail(id)
-                .map_err(crate::StoreError::Storage)
-        })
+        self.on_engine(|engine| engine.withdraw_mail(id))
     }
 
     /// Takes the mail with these ids out of the mailbox; returns the ids this call took. Of two
     /// hosts taking one piece of mail, exactly one gets its id back.
     pub fn take_mail(&self, ids: &[uuid::Uuid]) -> crate::Result<Vec<uuid::Uuid>> {
         self.writable()?;
-        crate::store::guard(|| {
-            self.inner
-                .engine
-                .take_mail(ids)
-                .map_err(crate::StoreError::Storage)
-        })
+        self.on_engine(|engine| engine.take_mail(ids))
+    }
+
+    /// One call of the engine's, its panic contained and its failure the store's.
+    pub(crate) fn on_engine<T>(
+        &self,
+        call: impl FnOnce(&dyn Engine) -> std::result::Result<T, crate::EngineError>,
+    ) -> crate::Result<T> {
+        crate::store::guard(|| call(&*self.inner.engine).map_err(StoreError::Storage))
     }
 }

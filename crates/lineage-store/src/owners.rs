@@ -109,12 +109,8 @@ impl Store {
         }
         // What was admitted without the lease goes first, under the rules of a write without one.
         self.flush_before_read(session)?;
-        let acquired = crate::store::guard(|| {
-            self.inner
-                .engine
-                .acquire(session, self.inner.options.lease_ttl)
-                .map_err(StoreError::Storage)
-        })?;
+        let ttl = self.inner.options.lease_ttl;
+        let acquired = self.on_engine(|engine| engine.acquire(session, ttl))?;
         match acquired {
             Acquired::Granted { fence } => {
                 let mut state = self.inner.queue.lock();

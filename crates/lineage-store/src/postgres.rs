@@ -760,7 +760,7 @@ impl Engine for PgEngine {
             }),
             // Refused: someone else's live lease, as it stands now (it may have gone since).
             None => match self.lease(session)? {
-                Some(lease) if lease.is_live() && lease.holder != Some(self.holder) => {
+                Some(lease) if lease.held_by_other(self.holder) => {
                     Ok(Acquired::HeldElsewhere(lease))
                 }
                 _ => self.acquire(session, ttl),
@@ -1132,7 +1132,7 @@ impl Removal for PgRemoval<'_> {
         Ok(rows
             .first()
             .and_then(|row| lease_of(row, 0))
-            .filter(|lease| lease.is_live() && lease.holder != Some(self.holder)))
+            .filter(|lease| lease.held_by_other(self.holder)))
     }
 
     fn is_stored(&mut self, session: SessionId) -> std::result::Result<bool, EngineError> {
@@ -1158,22 +1158,8 @@ impl Removal for PgRemoval<'_> {
         let id = uuid_of(session);
         self.rows(|c| Box::pin(async move { c.client.query(&c.st.remove_row, &[&id]).await }))?;
         // Mail for a session that is gone has nobody to reach.
-        self.rows(|c| {
-            Box::pin(async move {
-                c.client
-                    .execute(&c.st.remove_mail, &[&id])
-                    .await
-                    .map(|_| Vec::new())
-            })
-        })?;
-        self.rows(|c| {
-            Box::pin(async move {
-                c.client
-                    .execute(&c.st.remove_index, &[&id])
-                    .await
-                    .map(|_| Vec::new())
-            })
-        })?;
+        self.rows(|c| Box::pin(async move { c.client.query(&c.st.remove_mail, &[&id]).await }))?;
+        self.rows(|c| Box::pin(async move { c.client.query(&c.st.remove_index, &[&id]).await }))?;
         let blocks = self
             .rows(|c| Box::pin(async move { c.client.query(&c.st.remove_blocks, &[&id]).await }))?;
         let mut removed = Removed::default();

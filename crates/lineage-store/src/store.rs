@@ -17,7 +17,6 @@ use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, Storage
 use uuid::Uuid;
 
 use crate::create;
-use crate::engine::LeaseState;
 use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
@@ -594,17 +593,6 @@ impl Store {
         self.inner.engine.holder()
     }
 
-    /// The session's lease as it stands on a shared store (`None` on an embedded file, or when
-    /// the session was never leased).
-    pub fn lease(&self, session: SessionId) -> Result<Option<LeaseState>> {
-        guard(|| {
-            self.inner
-                .engine
-                .lease(session)
-                .map_err(StoreError::Storage)
-        })
-    }
-
     /// The file the store lives in, if it is a file.
     pub fn path(&self) -> Option<&Path> {
         self.inner.path.as_deref()
@@ -767,17 +755,6 @@ impl Store {
         if events.is_empty() {
             return Ok(());
         }
-        // A session whose lease this store lost is another host's now.
-        if let Some(refusal) = self
-            .inner
-            .queue
-            .lock()
-            .leases
-            .get(&session)
-            .and_then(|held| held.refusal(session))
-        {
-            return Err(refusal);
-        }
         self.ensure_tail(session)?;
         let queue = &self.inner.queue;
         // Validate against a snapshot of the tail outside the lock (in order: each event's seq,
@@ -787,6 +764,10 @@ impl Store {
         loop {
             let before = {
                 let state = queue.lock();
+                // A session whose lease this store lost is another host's now.
+                if let Some(refusal) = state.leases.get(&session).and_then(|h| h.refusal(session)) {
+                    return Err(refusal);
+                }
                 let tail = state
                     .tails
                     .get(&session)

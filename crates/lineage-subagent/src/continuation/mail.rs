@@ -132,12 +132,9 @@ impl SubagentRuntime {
         if !self.agents().store().is_shared() {
             return false;
         }
-        let holder = self.agents().store().holder();
-        self.on_store(move |store| store.lease(session))
+        self.on_store(move |store| store.held_elsewhere(session))
             .await
-            .ok()
-            .flatten()
-            .is_some_and(|lease| lease.is_live() && lease.holder != Some(holder))
+            .is_ok_and(|lease| lease.is_some())
     }
 
     /// Posts `post` for `recipient`; the mail's id is the message's (or a new one).
@@ -271,11 +268,7 @@ impl SubagentRuntime {
             return Ok(false);
         }
         let unreadable = |error: lineage_store::StoreError| unavailable(target, error);
-        let Some(lease) = store
-            .lease(target)
-            .map_err(unreadable)?
-            .filter(|lease| lease.is_live() && lease.holder != Some(store.holder()))
-        else {
+        let Some(lease) = store.held_elsewhere(target).map_err(unreadable)? else {
             return Ok(false);
         };
         let parent = store.info(target).map_err(unreadable)?.header.parent;

@@ -91,10 +91,7 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
             continue;
         }
         // On a shared store, a child another host holds is resident there, not torn.
-        let held_elsewhere = store
-            .lease(child)?
-            .is_some_and(|lease| lease.is_live() && lease.holder != Some(store.holder()));
-        if held_elsewhere {
+        if store.held_elsewhere(child)?.is_some() {
             continue;
         }
         let events = &inspected.events[..inspected.events.len() - inspected.closers];

@@ -2,10 +2,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use lineage_log::SessionId;
+use lineage_log::{Chain, SessionId};
 
-use crate::layout::{Block, SessionRecord};
-use crate::read::read_log;
+use crate::layout::{Block, BlockFormat, SessionRecord};
+use crate::read::{StoredLog, read_log};
 use crate::store::{Store, guard};
 use crate::writer::{PendingBlock, Tail};
 use crate::{Result, StoreError};
@@ -62,19 +62,25 @@ impl Store {
                     Err(e) => return Err(e),
                 }
                 // The whole check of a load: digests, the row against the blocks, the rules.
-                let stored = read_log(&*view, session)?;
+                let stored = read_log(&*view, self.inner.format, session)?;
                 let mut blocks = Vec::new();
+                let mut chain = Chain::new();
                 for block in view.blocks(session, 0)? {
                     let (first_seq, value) = block?;
-                    let parsed = Block::parse(session, first_seq, &value)?;
+                    let parsed = Block::parse(self.inner.format, session, first_seq, &value)?;
+                    let start = chain.clone();
+                    chain.update(&parsed.records);
                     blocks.push(PendingBlock {
                         first_seq,
                         count: parsed.count,
-                        records: parsed.records.to_vec(),
+                        records: parsed.records.into_owned(),
                         digest: parsed.digest,
+                        start,
                     });
                 }
-                destination.write_copy(stored.record, stored.structure, stored.chain, blocks)?;
+                // Blocks of this build's format are kept as they are; older ones are laid out anew.
+                let verbatim = self.inner.format == BlockFormat::V2;
+                destination.write_copy(stored, blocks, verbatim)?;
                 copied.events += record.next_seq;
                 copied.copied.push(session);
             }
@@ -83,13 +89,13 @@ impl Store {
     }
 
     /// Writes a copied session, its blocks as they are and its row as the source's, durably.
-    fn write_copy(
-        &self,
-        record: SessionRecord,
-        structure: lineage_log::Structure,
-        chain: lineage_log::Chain,
-        blocks: Vec<PendingBlock>,
-    ) -> Result<()> {
+    fn write_copy(&self, stored: StoredLog, blocks: Vec<PendingBlock>, verbatim: bool) -> Result<()> {
+        let StoredLog {
+            record,
+            structure,
+            chain,
+            ..
+        } = stored;
         let session = record.header.id;
         let queue = &self.inner.queue;
         let mut state = queue.lock();
@@ -115,7 +121,7 @@ impl Store {
                 chain,
                 pending: Vec::new(),
                 last_ticket: 0,
-                verbatim: true,
+                verbatim,
             },
         );
         let ticket = queue.enqueue(&mut state, session, blocks);

@@ -83,8 +83,12 @@ pub(crate) struct SessionWrite {
     pub expected: u64,
     /// The session's new row.
     pub row: Vec<u8>,
-    /// Block values keyed by first seq, contiguous from `expected`.
+    /// Block values keyed by first seq, contiguous, ending where the new row does. They start at
+    /// `expected`, or earlier where they rewrite stored blocks.
     pub blocks: Vec<(u64, Vec<u8>)>,
+    /// First seqs of stored blocks (before `expected`) that `blocks` replace: removed, unless a
+    /// new block has the same key, which then overwrites it.
+    pub replaced: Vec<u64>,
     /// The fencing token of the lease this store holds on the session, if it holds one: the
     /// write applies only while that lease has not been taken over. Without one, the write
     /// applies only while no other holder's lease on the session is live.

@@ -82,6 +82,16 @@ pub enum StoreError {
         /// The version this build reads.
         supported: u32,
     },
+    /// The store is in an older layout that this build reads but does not write.
+    #[error(
+        "store {store} uses format v{found}, which this build opens read-only: run `lineage upgrade {store}` to write to it"
+    )]
+    UpgradeRequired {
+        /// The store file or database.
+        store: String,
+        /// The store's format version.
+        found: u32,
+    },
     /// A record this build cannot interpret (an unknown kind not marked ignorable, or unknown
     /// flags): the session was likely written by a newer Lineage.
     #[error("session {session}: {source}")]

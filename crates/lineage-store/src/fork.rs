@@ -90,10 +90,10 @@ impl Store {
                 if first_seq > last {
                     break;
                 }
-                let block = Block::parse(parent, first_seq, &value)?;
+                let block = Block::parse(self.inner.format, parent, first_seq, &value)?;
                 let block_last = block.last_seq(first_seq);
                 let mut end = 0usize;
-                for item in Records::new(block.records, first_seq) {
+                for item in Records::new(&block.records, first_seq) {
                     let (seq, raw) = item.map_err(|e| StoreError::from_log(parent, e))?;
                     if seq > last {
                         break;
@@ -115,6 +115,7 @@ impl Store {
                 }
                 let records = &block.records[..end];
                 let whole = block_last <= last;
+                let start = chain.clone();
                 // A boundary block is copied only in part, but its digest covers it whole: check
                 // it on a copy of the chain, so a damaged record is never inherited.
                 let intact = if whole {
@@ -122,7 +123,7 @@ impl Store {
                     chain.digest() == block.digest
                 } else {
                     let mut full = chain.clone();
-                    full.update(block.records);
+                    full.update(&block.records);
                     chain.update(records);
                     full.digest() == block.digest
                 };
@@ -140,6 +141,7 @@ impl Store {
                     count: (block_last.min(last) + 1 - first_seq) as u32,
                     records: records.to_vec(),
                     digest: chain.digest(),
+                    start,
                 });
             }
         }
@@ -169,12 +171,14 @@ impl Store {
                 .map_err(|e| StoreError::from_log(child, e))?;
             encoder.encode(event, &mut own_records);
         }
+        let start = chain.clone();
         chain.update(&own_records);
         blocks.push(PendingBlock {
             first_seq: seed_len,
             count: own.len() as u32,
             records: own_records,
             digest: chain.digest(),
+            start,
         });
 
         let queue = &self.inner.queue;

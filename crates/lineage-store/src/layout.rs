@@ -1,6 +1,8 @@
 //! The on-disk layout: tables, keys, session records and blocks. `schema/FORMAT.md` documents it;
 //! every change here is a format change.
 
+use std::borrow::Cow;
+
 use lineage_log::{Digest, Header, SessionId};
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -64,40 +66,116 @@ impl SessionRecord {
     }
 }
 
+/// How a store lays out its blocks: its store format version (`meta`'s `format_version`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockFormat {
+    /// Store format 1: the canonical records as they are. Read only; `Store::upgrade` rewrites it.
+    V1,
+    /// Store format 2: the records packed (`pack`), the packed bytes compressed when that is
+    /// smaller. What this build writes.
+    V2,
+}
+
+impl BlockFormat {
+    /// The format of store format version `version`, if this build reads it.
+    pub fn of_version(version: u32) -> Option<BlockFormat> {
+        match version {
+            1 => Some(BlockFormat::V1),
+            2 => Some(BlockFormat::V2),
+            _ => None,
+        }
+    }
+}
+
+/// How a format-2 block's body is stored (the byte after the block header).
+const BODY_PACKED: u8 = 0;
+/// The packed bytes, LZ4-compressed (block format): `raw length:varint ‖ compressed bytes`.
+const BODY_LZ4: u8 = 1;
+
 /// A block: a contiguous run of one session's records with a small header.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Block<'a> {
     pub count: u32,
     pub digest: Digest,
-    pub records: &'a [u8],
+    /// The canonical records: borrowed from the stored value in format 1, unpacked in format 2.
+    pub records: Cow<'a, [u8]>,
 }
 
 impl<'a> Block<'a> {
-    pub fn parse(session: SessionId, first_seq: u64, bytes: &'a [u8]) -> Result<Block<'a>> {
-        let corrupt = |reason: &str| StoreError::CorruptBlock {
-            session,
-            first_seq,
-            last_seq: first_seq,
-            reason: reason.to_owned(),
+    /// Parses a stored block, unpacking a format-2 block into a buffer of its own.
+    pub fn parse(
+        format: BlockFormat,
+        session: SessionId,
+        first_seq: u64,
+        bytes: &'a [u8],
+    ) -> Result<Block<'a>> {
+        let (count, digest, body) = Self::header(session, first_seq, bytes)?;
+        let records = match format {
+            BlockFormat::V1 => Cow::Borrowed(body),
+            BlockFormat::V2 => {
+                let mut records = Vec::new();
+                unpack_body(body, &mut Vec::new(), &mut records)
+                    .map_err(|reason| corrupt(session, first_seq, count, &reason))?;
+                Cow::Owned(records)
+            }
         };
+        Self::checked(session, first_seq, count, digest, records)
+    }
+
+    /// [`Block::parse`] unpacking into `buffers`, so a reader of many blocks allocates once.
+    pub fn parse_into(
+        format: BlockFormat,
+        session: SessionId,
+        first_seq: u64,
+        bytes: &'a [u8],
+        buffers: &'a mut Buffers,
+    ) -> Result<Block<'a>> {
+        let (count, digest, body) = Self::header(session, first_seq, bytes)?;
+        let records = match format {
+            BlockFormat::V1 => body,
+            BlockFormat::V2 => {
+                buffers.records.clear();
+                unpack_body(body, &mut buffers.packed, &mut buffers.records)
+                    .map_err(|reason| corrupt(session, first_seq, count, &reason))?;
+                &buffers.records[..]
+            }
+        };
+        Self::checked(session, first_seq, count, digest, Cow::Borrowed(records))
+    }
+
+    /// The record count and digest of a stored block, and its body, without unpacking it.
+    pub fn header(session: SessionId, first_seq: u64, bytes: &[u8]) -> Result<(u32, Digest, &[u8])> {
         if bytes.len() < BLOCK_HEADER_LEN {
-            return Err(corrupt("shorter than a block header"));
+            return Err(corrupt(session, first_seq, 1, "shorter than a block header"));
         }
-        let (head, records) = bytes.split_at(BLOCK_HEADER_LEN);
+        let (head, body) = bytes.split_at(BLOCK_HEADER_LEN);
         let count = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
         let digest = Digest(head[4..].try_into().expect("32 bytes"));
-        if count == 0 || records.is_empty() {
-            return Err(corrupt("holds no records"));
-        }
-        // The smallest record is 4 bytes (length, tag, flags, time), so a count above a quarter
-        // of the bytes is damage, and it bounds what a load allocates.
-        if count as usize > records.len() / 4 {
-            return Err(corrupt("counts more records than its bytes can hold"));
+        if count == 0 {
+            return Err(corrupt(session, first_seq, 1, "holds no records"));
         }
         // Keeps seq arithmetic from overflowing: the seq after every block that parses (its
         // `last_seq + 1`) is representable.
         if first_seq.checked_add(u64::from(count)).is_none() {
-            return Err(corrupt("its records would run past the largest seq"));
+            return Err(corrupt(session, first_seq, 1, "its records would run past the largest seq"));
+        }
+        Ok((count, digest, body))
+    }
+
+    fn checked(
+        session: SessionId,
+        first_seq: u64,
+        count: u32,
+        digest: Digest,
+        records: Cow<'a, [u8]>,
+    ) -> Result<Block<'a>> {
+        if records.is_empty() {
+            return Err(corrupt(session, first_seq, count, "holds no records"));
+        }
+        // The smallest record is 4 bytes (length, tag, flags, time), so a count above a quarter
+        // of the bytes is damage.
+        if count as usize > records.len() / 4 {
+            return Err(corrupt(session, first_seq, count, "counts more records than its bytes can hold"));
         }
         Ok(Block {
             count,
@@ -113,12 +191,81 @@ impl<'a> Block<'a> {
     }
 }
 
-/// Writes a block value: header then records.
+/// Damage to the block at `first_seq` whose header counts `count` records (1 when the header
+/// itself is damaged).
+fn corrupt(session: SessionId, first_seq: u64, count: u32, reason: &str) -> StoreError {
+    StoreError::CorruptBlock {
+        session,
+        first_seq,
+        last_seq: first_seq.saturating_add(u64::from(count).max(1) - 1),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Reusable buffers for reading format-2 blocks.
+#[derive(Default)]
+pub(crate) struct Buffers {
+    packed: Vec<u8>,
+    records: Vec<u8>,
+}
+
+/// Unpacks a format-2 body into canonical records appended to `records`, decompressing into
+/// `packed` first if it is compressed. (Their count is checked where they are split.)
+fn unpack_body(
+    body: &[u8],
+    packed: &mut Vec<u8>,
+    records: &mut Vec<u8>,
+) -> std::result::Result<(), String> {
+    let (&kind, body) = body.split_first().ok_or("no body")?;
+    match kind {
+        BODY_PACKED => crate::pack::unpack(body, records)?,
+        BODY_LZ4 => {
+            let (raw_len, compressed) =
+                lineage_log::take_varint(body).ok_or("bad uncompressed length")?;
+            // LZ4 expands a byte into at most 255, which bounds what a damaged length allocates.
+            let raw_len = usize::try_from(raw_len)
+                .ok()
+                .filter(|&len| len <= compressed.len().saturating_mul(255))
+                .ok_or("an uncompressed length the compressed bytes cannot hold")?;
+            packed.clear();
+            packed.resize(raw_len, 0);
+            let written = lz4_flex::block::decompress_into(compressed, packed)
+                .map_err(|e| format!("does not decompress: {e}"))?;
+            if written != raw_len {
+                return Err("decompresses to another length than it records".into());
+            }
+            crate::pack::unpack(packed, records)?
+        }
+        other => return Err(format!("unknown body encoding {other}")),
+    };
+    Ok(())
+}
+
+/// Writes a block value as this build stores it (format 2): header, then the records packed, and
+/// compressed when that is smaller.
 pub(crate) fn encode_block(count: u32, digest: Digest, records: &[u8], out: &mut Vec<u8>) {
-    out.reserve(BLOCK_HEADER_LEN + records.len());
+    out.reserve(BLOCK_HEADER_LEN + 1 + records.len() / 2);
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&digest.0);
-    out.extend_from_slice(records);
+    let mut packed = Vec::with_capacity(records.len());
+    crate::pack::pack(records, &mut packed)
+        .expect("the writer's records are canonical: it encoded them itself");
+    let compressed = lz4_flex::block::compress(&packed);
+    let mut raw_len = Vec::new();
+    lineage_log::put_varint(&mut raw_len, packed.len() as u64);
+    if raw_len.len() + compressed.len() < packed.len() {
+        out.push(BODY_LZ4);
+        out.extend_from_slice(&raw_len);
+        out.extend_from_slice(&compressed);
+    } else {
+        out.push(BODY_PACKED);
+        out.extend_from_slice(&packed);
+    }
+}
+
+/// Sets the digest in a block value's header.
+pub(crate) fn set_block_digest(value: &mut [u8], digest: Digest) {
+    value[4..BLOCK_HEADER_LEN].copy_from_slice(&digest.0);
 }
 
 /// The key range of one session's blocks.
@@ -136,11 +283,12 @@ mod tests {
     #[test]
     fn a_block_running_past_the_largest_seq_is_refused() {
         let session = SessionId::from_u128(7);
-        let mut bytes = Vec::new();
-        encode_block(2, Digest([0; 32]), &[0u8; 8], &mut bytes);
-        let block = Block::parse(session, u64::MAX - 2, &bytes).expect("the next seq is u64::MAX");
+        let mut bytes = 2u32.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 32 + 8]);
+        let block = Block::parse(BlockFormat::V1, session, u64::MAX - 2, &bytes)
+            .expect("the next seq is u64::MAX");
         assert_eq!(block.last_seq(u64::MAX - 2), u64::MAX - 1);
-        match Block::parse(session, u64::MAX - 1, &bytes) {
+        match Block::parse(BlockFormat::V2, session, u64::MAX - 1, &bytes) {
             Err(StoreError::CorruptBlock {
                 first_seq, reason, ..
             }) => {

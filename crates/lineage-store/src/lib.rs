@@ -22,12 +22,14 @@ mod copy;
 mod create;
 mod delete;
 mod engine;
+mod fill;
 mod error;
 mod fork;
 mod layout;
 mod lease;
 mod meta;
 mod owners;
+mod pack;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod read;
@@ -45,7 +47,7 @@ pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, KindStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_EVENTS, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, KindStats,
     Loaded, STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,
 };
 pub use verify::{Problem, SessionReport, VerifyReport};

@@ -24,8 +24,8 @@ impl Store {
             let mut meta = SessionMeta::default();
             for block in view.blocks(session, start)? {
                 let (first_seq, value) = block?;
-                let block = Block::parse(session, first_seq, &value)?;
-                for item in Records::new(block.records, first_seq) {
+                let block = Block::parse(self.inner.format, session, first_seq, &value)?;
+                for item in Records::new(&block.records, first_seq) {
                     let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
                     if seq < seed_len || raw.kind() != Some(EventKind::Custom) {
                         continue;

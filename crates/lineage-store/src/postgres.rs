@@ -35,7 +35,7 @@ use crate::engine::{
     View, Written, block_count, redact,
 };
 use crate::error::{EngineError, EngineErrorKind};
-use crate::layout::{MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
+use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
 use crate::store::STORE_FORMAT_VERSION;
 use crate::{Result, StoreError};
 
@@ -151,16 +151,21 @@ SELECT made.id, b.first_seq, b.value FROM made, unnest($5::bigint[], $6::bytea[]
     )
 }
 /// A stored session: its row moves only from the expected end and as its lease allows, and the
-/// blocks follow only if it moved. Affects as many rows as blocks, or none.
+/// blocks follow only if it moved, replacing the stored blocks `$9` names (a block of the same key
+/// overwrites one, the others are removed). Affects as many rows as blocks, or none.
 fn extend_session() -> String {
     format!(
         "WITH {LEASED}, moved AS (
     UPDATE lineage_sessions SET next_seq = $3, row = $4
     WHERE id = $1 AND next_seq = $2 AND (SELECT ok FROM allowed)
     RETURNING id
+), gone AS (
+    DELETE FROM lineage_blocks WHERE session = $1 AND first_seq = ANY($9::bigint[])
+    AND first_seq <> ALL($5::bigint[]) AND EXISTS (SELECT 1 FROM moved)
 )
 INSERT INTO lineage_blocks (session, first_seq, value)
-SELECT moved.id, b.first_seq, b.value FROM moved, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)"
+SELECT moved.id, b.first_seq, b.value FROM moved, unnest($5::bigint[], $6::bytea[]) AS b (first_seq, value)
+ON CONFLICT (session, first_seq) DO UPDATE SET value = EXCLUDED.value"
     )
 }
 /// Why a write applied to nothing: where the stored log ends, and the session's lease.
@@ -461,7 +466,7 @@ fn ttl_ms(ttl: std::time::Duration) -> f64 {
 impl PgEngine {
     /// Connects to `url`, creating the tables in an empty database unless `read_only`, and checks
     /// the store's meta rows. Returns the engine and the store id.
-    pub fn open(url: &str, read_only: bool) -> Result<(PgEngine, Uuid)> {
+    pub fn open(url: &str, read_only: bool) -> Result<(PgEngine, Uuid, BlockFormat)> {
         let shown = redact(url);
         let storage = |e: EngineError| StoreError::Storage(e);
         let shared = Arc::new(Shared {
@@ -494,7 +499,7 @@ impl PgEngine {
         })
         .map_err(storage)?
         .map_err(|e| storage(pg_error(e)))?;
-        let store_id = check_meta(&shown, meta)?;
+        let (store_id, format) = check_meta(&shown, meta)?;
         let client = Arc::try_unwrap(client).map_err(|_| {
             storage(EngineError::new(
                 EngineErrorKind::Other,
@@ -514,6 +519,7 @@ impl PgEngine {
                 holder: Uuid::now_v7(),
             },
             store_id,
+            format,
         ))
     }
 
@@ -565,21 +571,20 @@ impl PgEngine {
                 // the lease it is written under.
                 let must_hold: &(dyn tokio_postgres::types::ToSql + Sync) =
                     if new { &p.parent } else { &p.expected };
-                c.client
-                    .execute(
-                        statement,
-                        &[
-                            &p.id,
-                            must_hold,
-                            &p.next_seq,
-                            &p.row,
-                            &p.firsts,
-                            &p.values,
-                            &holder,
-                            &p.fence,
-                        ],
-                    )
-                    .await
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                    &p.id,
+                    must_hold,
+                    &p.next_seq,
+                    &p.row,
+                    &p.firsts,
+                    &p.values,
+                    &holder,
+                    &p.fence,
+                    &p.replaced,
+                ];
+                // A new session replaces nothing: its statement takes no ninth parameter.
+                let params = if new { &params[..8] } else { &params[..] };
+                c.client.execute(statement, params).await
             })
             .map_err(|e| abort(RoundError::Whole(e)))?;
             match affected {
@@ -658,6 +663,7 @@ struct WriteParams {
     firsts: Vec<i64>,
     values: Vec<Vec<u8>>,
     fence: Option<i64>,
+    replaced: Vec<i64>,
 }
 
 impl WriteParams {
@@ -678,6 +684,11 @@ impl WriteParams {
                 .collect::<std::result::Result<_, _>>()?,
             values: write.blocks.iter().map(|(_, v)| v.clone()).collect(),
             fence: write.fence.map(seq_param).transpose()?,
+            replaced: write
+                .replaced
+                .iter()
+                .map(|first| seq_param(*first))
+                .collect::<std::result::Result<_, _>>()?,
         })
     }
 }
@@ -1214,7 +1225,7 @@ fn create_tables(shared: &Shared, client: &Arc<Client>) -> std::result::Result<(
 
 /// Checks the meta rows as redb's `meta` table is checked: the magic, a format version this
 /// build reads, a store id.
-fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<Uuid> {
+fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<(Uuid, BlockFormat)> {
     let not_a_store = |reason: &str| StoreError::NotAStore {
         path: shown.into(),
         reason: reason.to_owned(),
@@ -1232,8 +1243,9 @@ fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<Uuid>
         .and_then(|v| <[u8; 4]>::try_from(v).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| not_a_store("its meta table has no format version"))?;
-    crate::store::check_store_version(shown, version)?;
-    get(META_STORE_ID)
+    let format = crate::store::check_store_version(shown, version)?;
+    let id = get(META_STORE_ID)
         .and_then(|v| Uuid::from_slice(v).ok())
-        .ok_or_else(|| not_a_store("its meta table has no store id"))
+        .ok_or_else(|| not_a_store("its meta table has no store id"))?;
+    Ok((id, format))
 }

@@ -3,7 +3,7 @@
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
 
 use crate::engine::View;
-use crate::layout::{Block, SessionRecord};
+use crate::layout::{Block, BlockFormat, Buffers, SessionRecord};
 use crate::{Result, StoreError};
 
 /// A session as stored: its row, every event, and the digest and structure after the last one.
@@ -27,27 +27,35 @@ pub(crate) fn read_record(view: &dyn View, session: SessionId) -> Result<Session
 /// Reads, digest-checks and decodes every event of `session`.
 ///
 /// Each block's records go through one running hasher and must reproduce the block's stored
-/// digest before any of them is decoded, so damage is reported as the block's seq range. Intact
-/// digests prove the records are the ones the writer checked when it admitted them, so only the
-/// open tail turn is replayed to recover the structure; `verify` re-checks every rule.
-pub(crate) fn read_log(view: &dyn View, session: SessionId) -> Result<StoredLog> {
+/// digest, so damage is reported as the block's seq range. Intact digests prove the records are
+/// the ones the writer checked when it admitted them, so only the open tail turn is replayed to
+/// recover the structure; `verify` re-checks every rule.
+pub(crate) fn read_log(
+    view: &dyn View,
+    format: BlockFormat,
+    session: SessionId,
+) -> Result<StoredLog> {
     let record = read_record(view, session)?;
     // The values keep each block's bytes in place while they are hashed and decoded.
-    let guards = view.blocks(session, 0)?.collect::<Result<Vec<_>>>()?;
-    let mut blocks = Vec::with_capacity(guards.len());
+    let values = view.blocks(session, 0)?.collect::<Result<Vec<_>>>()?;
+    let mut blocks = Vec::with_capacity(values.len());
     let mut expected = 0u64;
-    for (first_seq, guard) in &guards {
-        let block = Block::parse(session, *first_seq, guard)?;
+    for (first_seq, value) in &values {
+        let (count, _, _) = Block::header(session, *first_seq, value)?;
         if *first_seq != expected {
             return Err(StoreError::CorruptBlock {
                 session,
                 first_seq: *first_seq,
-                last_seq: block.last_seq(*first_seq),
+                last_seq: first_seq + u64::from(count) - 1,
                 reason: format!("seq gap: expected a block starting at seq {expected}"),
             });
         }
-        expected = block.last_seq(*first_seq) + 1;
-        blocks.push((*first_seq, block));
+        expected = first_seq + u64::from(count);
+        blocks.push(Stored {
+            first_seq: *first_seq,
+            count,
+            bytes: value,
+        });
     }
     if expected != record.next_seq {
         return Err(StoreError::CorruptHeader {
@@ -59,37 +67,26 @@ pub(crate) fn read_log(view: &dyn View, session: SessionId) -> Result<StoredLog>
         });
     }
 
-    // Large sessions decode on two threads: a helper decodes the later blocks while this thread
-    // hashes every block, then decodes the earlier ones. A digest mismatch outranks any decode
-    // error, so damage is always named by its block's seq range.
-    let total = usize::try_from(record.next_seq).unwrap_or(usize::MAX);
-    let split = if total >= PARALLEL_DECODE_MIN && parallelism() > 1 {
-        split_point(&blocks)
+    // Large sessions decode on two threads: a helper unpacks and decodes the later blocks while
+    // this thread unpacks and hashes every block, decoding the earlier ones as it goes. A digest
+    // mismatch outranks any decode error, so damage is always named by its block's seq range.
+    let split = if record.next_seq >= PARALLEL_DECODE_MIN && parallelism() > 1 {
+        split_point(format, &blocks)
     } else {
         blocks.len()
     };
     let (early, late) = blocks.split_at(split);
-    // Both threads decode straight into their own part of one vector, so the halves are never
-    // copied together afterwards.
-    let early_len: usize = early.iter().map(|(_, b)| b.count as usize).sum();
-    // `total` is bounded by the bytes read: a block holds at most a record per 4 bytes.
-    let mut events = vec![PLACEHOLDER; total];
-    let (early_slots, late_slots) = events.split_at_mut(early_len.min(total));
-    let (chain, early_done, late_done) = std::thread::scope(|scope| {
-        let helper =
-            (!late.is_empty()).then(|| scope.spawn(|| decode_into(session, late, late_slots)));
-        let chain = hash_blocks(session, &blocks);
-        let early_done = chain
-            .as_ref()
-            .ok()
-            .map(|_| decode_into(session, early, early_slots));
-        let late_done = helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-        (chain, early_done, late_done)
+    let (chain, events, late_events) = std::thread::scope(|scope| {
+        let helper = (!late.is_empty()).then(|| scope.spawn(|| decode(format, session, late)));
+        let (chain, early_events) = hash_and_decode(format, session, &blocks, early.len());
+        let late_events =
+            helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        (chain, early_events, late_events)
     });
     let chain = chain?;
-    early_done.expect("decoded once the digests held")?;
-    if let Some(late) = late_done {
-        late?;
+    let mut events = events?;
+    if let Some(late) = late_events {
+        events.append(&mut late?);
     }
     if chain.digest() != record.head {
         return Err(StoreError::CorruptHeader {
@@ -105,8 +102,7 @@ pub(crate) fn read_log(view: &dyn View, session: SessionId) -> Result<StoredLog>
         },
         other => StoreError::from_log(session, other),
     })?;
-    drop(blocks);
-    drop(guards);
+    drop(values);
     Ok(StoredLog {
         record,
         events,
@@ -115,93 +111,140 @@ pub(crate) fn read_log(view: &dyn View, session: SessionId) -> Result<StoredLog>
     })
 }
 
+/// A stored block not yet unpacked: where it starts, how many records its header counts, its
+/// bytes.
+struct Stored<'a> {
+    first_seq: u64,
+    count: u32,
+    bytes: &'a [u8],
+}
+
 /// Sessions at least this long decode on two threads.
-const PARALLEL_DECODE_MIN: usize = 20_000;
+const PARALLEL_DECODE_MIN: u64 = 20_000;
 
 fn parallelism() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Where the helper's share starts: half of the bytes. This thread also hashes every block, but
-/// the helper's share, the session's later records, decodes more slowly per byte (measured on
-/// realistic sessions: an even split ends both threads within a few percent of each other).
-fn split_point(blocks: &[(u64, Block<'_>)]) -> usize {
-    let bytes: usize = blocks.iter().map(|(_, b)| b.records.len()).sum();
-    let mut mine = 0;
-    for (i, (_, block)) in blocks.iter().enumerate() {
-        if mine * 2 >= bytes {
+/// Where the helper's share starts, as a share of the stored bytes. This thread also hashes every
+/// block (and, in format 2, unpacks every block to do so), so it decodes fewer: measured on
+/// realistic sessions, these splits end both threads within a few percent of each other.
+fn split_point(format: BlockFormat, blocks: &[Stored<'_>]) -> usize {
+    let (mine, of) = match format {
+        BlockFormat::V1 => (1, 2),
+        BlockFormat::V2 => (3, 8),
+    };
+    let bytes: usize = blocks.iter().map(|b| b.bytes.len()).sum();
+    let mut so_far = 0;
+    for (i, block) in blocks.iter().enumerate() {
+        if so_far * of >= bytes * mine {
             return i;
         }
-        mine += block.records.len();
+        so_far += block.bytes.len();
     }
     blocks.len()
 }
 
-/// Feeds every block through one running hasher, checking each stored digest.
-fn hash_blocks(session: SessionId, blocks: &[(u64, Block<'_>)]) -> Result<Chain> {
+/// Feeds every block through one running hasher, checking each stored digest, and decodes the
+/// first `decode` blocks on the way. The first decode error is kept while the hashing goes on.
+fn hash_and_decode(
+    format: BlockFormat,
+    session: SessionId,
+    blocks: &[Stored<'_>],
+    decode: usize,
+) -> (Result<Chain>, Result<Vec<Event>>) {
     let mut chain = Chain::new();
-    for (first_seq, block) in blocks {
-        chain.update(block.records);
+    let mut buffers = Buffers::default();
+    let mut events = Ok(with_capacity(&blocks[..decode]));
+    for (i, stored) in blocks.iter().enumerate() {
+        let block = match Block::parse_into(format, session, stored.first_seq, stored.bytes, &mut buffers) {
+            Ok(block) => block,
+            Err(e) => return (Err(e), events),
+        };
+        chain.update(&block.records);
         if chain.digest() != block.digest {
-            return Err(StoreError::CorruptBlock {
+            let damage = StoreError::CorruptBlock {
                 session,
-                first_seq: *first_seq,
-                last_seq: block.last_seq(*first_seq),
+                first_seq: stored.first_seq,
+                last_seq: block.last_seq(stored.first_seq),
                 reason: "digest mismatch: the block's records are not the ones written".into(),
-            });
+            };
+            return (Err(damage), events);
+        }
+        if i < decode
+            && let Ok(out) = &mut events
+            && let Err(e) = decode_block(session, stored.first_seq, &block, out)
+        {
+            events = Err(e);
         }
     }
-    Ok(chain)
+    (Ok(chain), events)
 }
 
-/// A cheap stand-in for slots not yet decoded; every one is overwritten before a load returns.
-const PLACEHOLDER: Event = Event {
-    seq: 0,
-    time_ms: 0,
-    body: lineage_log::EventBody::StepStart(lineage_log::StepStart { turn: 0, step: 0 }),
-};
+/// Unpacks and decodes `blocks`.
+fn decode(format: BlockFormat, session: SessionId, blocks: &[Stored<'_>]) -> Result<Vec<Event>> {
+    let mut buffers = Buffers::default();
+    let mut events = with_capacity(blocks);
+    for stored in blocks {
+        let block = Block::parse_into(format, session, stored.first_seq, stored.bytes, &mut buffers)?;
+        decode_block(session, stored.first_seq, &block, &mut events)?;
+    }
+    Ok(events)
+}
 
-/// Decodes the records of `blocks` into `slots` (exactly as many as the blocks hold), checking
-/// each block's record count.
-fn decode_into(session: SessionId, blocks: &[(u64, Block<'_>)], slots: &mut [Event]) -> Result<()> {
-    let mut slots = slots.iter_mut();
-    for (first_seq, block) in blocks {
-        let last_seq = block.last_seq(*first_seq);
-        let mut records = Records::new(block.records, *first_seq);
-        for item in records.by_ref() {
-            let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-            let event = decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?;
-            match slots.next() {
-                Some(slot) => *slot = event,
-                None => {
-                    return Err(StoreError::CorruptBlock {
-                        session,
-                        first_seq: *first_seq,
-                        last_seq,
-                        reason: "holds more records than its header counts".into(),
-                    });
-                }
-            }
-        }
-        if records.next_seq() != last_seq + 1 {
+/// Room for the events of `blocks`, as their headers count them, but never more than their bytes
+/// could plausibly hold: a damaged count must not allocate the machine away (the count is checked
+/// against the records as they are decoded).
+fn with_capacity(blocks: &[Stored<'_>]) -> Vec<Event> {
+    let counted: usize = blocks.iter().map(|b| b.count as usize).sum();
+    let bytes: usize = blocks.iter().map(|b| b.bytes.len()).sum();
+    Vec::with_capacity(counted.min(bytes.saturating_mul(8)))
+}
+
+/// Decodes a block's records onto `events`, checking the block's record count.
+fn decode_block(
+    session: SessionId,
+    first_seq: u64,
+    block: &Block<'_>,
+    events: &mut Vec<Event>,
+) -> Result<()> {
+    let last_seq = block.last_seq(first_seq);
+    let mut records = Records::new(&block.records, first_seq);
+    for item in records.by_ref() {
+        let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+        if seq > last_seq {
             return Err(StoreError::CorruptBlock {
                 session,
-                first_seq: *first_seq,
+                first_seq,
                 last_seq,
-                reason: format!(
-                    "header counts {} records, the block holds {}",
-                    block.count,
-                    records.next_seq() - first_seq
-                ),
+                reason: "holds more records than its header counts".into(),
             });
         }
+        events.push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+    }
+    if records.next_seq() != last_seq + 1 {
+        return Err(StoreError::CorruptBlock {
+            session,
+            first_seq,
+            last_seq,
+            reason: format!(
+                "header counts {} records, the block holds {}",
+                block.count,
+                records.next_seq() - first_seq
+            ),
+        });
     }
     Ok(())
 }
 
 /// The stored events with `seq >= from`, found with one reverse lookup and a forward scan. Blocks
 /// are decoded but, without the prefix, their digests cannot be checked: `verify` and `load` do.
-pub(crate) fn read_from(view: &dyn View, session: SessionId, from: u64) -> Result<Vec<Event>> {
+pub(crate) fn read_from(
+    view: &dyn View,
+    format: BlockFormat,
+    session: SessionId,
+    from: u64,
+) -> Result<Vec<Event>> {
     let record = read_record(view, session)?;
     if from >= record.next_seq {
         return Ok(Vec::new());
@@ -210,8 +253,8 @@ pub(crate) fn read_from(view: &dyn View, session: SessionId, from: u64) -> Resul
     let mut events = Vec::with_capacity((record.next_seq - from).min(1 << 20) as usize);
     for block in view.blocks(session, start)? {
         let (first_seq, value) = block?;
-        let block = Block::parse(session, first_seq, &value)?;
-        for item in Records::new(block.records, first_seq) {
+        let block = Block::parse(format, session, first_seq, &value)?;
+        for item in Records::new(&block.records, first_seq) {
             let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
             if seq >= from {
                 events

@@ -201,6 +201,9 @@ fn write_sessions(
             continue;
         }
         let id = write.session.as_u128();
+        for first_seq in &write.replaced {
+            events.remove((id, *first_seq))?;
+        }
         for (first_seq, value) in &write.blocks {
             events.insert((id, *first_seq), value.as_slice())?;
         }

@@ -7,7 +7,7 @@
 //! digest checks (they need the log from seq 0).
 
 use crate::engine::Blocks;
-use crate::layout::Block;
+use crate::layout::{Block, BlockFormat};
 use crate::read::read_record;
 use crate::store::guard;
 use crate::{Result, SessionInfo, Store, StoreError};
@@ -29,6 +29,7 @@ use lineage_log::{
 /// iterator ends: only a scan that ended without an error has [`Scan::closers`].
 pub struct Scan {
     blocks: Blocks,
+    format: BlockFormat,
     session: SessionId,
     info: SessionInfo,
     from: u64,
@@ -109,6 +110,7 @@ impl Store {
         let done = !checked && from >= info.len;
         Ok(Scan {
             blocks,
+            format: self.inner.format,
             session,
             info,
             from,
@@ -151,7 +153,7 @@ impl Scan {
             return Ok(false);
         };
         let (first_seq, value) = entry?;
-        let block = Block::parse(session, first_seq, &value)?;
+        let block = Block::parse(self.format, session, first_seq, &value)?;
         let last_seq = block.last_seq(first_seq);
         if let Some(check) = &mut self.check {
             if first_seq != check.expected {
@@ -166,7 +168,7 @@ impl Scan {
                 });
             }
             check.expected = last_seq + 1;
-            check.chain.update(block.records);
+            check.chain.update(&block.records);
             if check.chain.digest() != block.digest {
                 return Err(StoreError::CorruptBlock {
                     session,
@@ -177,7 +179,7 @@ impl Scan {
             }
         }
         let mut events = Vec::with_capacity(block.count as usize);
-        let mut records = Records::new(block.records, first_seq);
+        let mut records = Records::new(&block.records, first_seq);
         for item in records.by_ref() {
             let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
             if seq > last_seq {
@@ -494,7 +496,8 @@ mod tests {
                         .unwrap();
                     (k.value(), v.value().to_vec())
                 };
-                let block = crate::layout::Block::parse(id, key.1, &bytes).unwrap();
+                let block = crate::layout::Block::parse(crate::layout::BlockFormat::V2, id, key.1, &bytes)
+                    .unwrap();
                 let bounds = (key.1, block.last_seq(key.1));
                 *bytes.last_mut().unwrap() ^= 0x01;
                 table.insert(key, bytes.as_slice()).unwrap();

@@ -20,7 +20,7 @@ use crate::create;
 use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
-    Block, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
+    Block, BlockFormat, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
     SessionRecord,
 };
 use crate::lease::Keeper;
@@ -33,18 +33,21 @@ use crate::{Result, StoreError};
 
 /// The version of the store layout (tables, keys, blocks) this build reads and writes, kept in the
 /// `meta` table.
-pub const STORE_FORMAT_VERSION: u32 = 1;
+pub const STORE_FORMAT_VERSION: u32 = 2;
 
 /// How long the writer waits, by default, after the first admitted batch before committing, so that
 /// batches admitted close together share one commit. A flush skips the wait.
 pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(200);
 
-/// The default most record bytes in one block: 32 KiB less room for the block header, its key and
-/// the B-tree leaf around it, so that a full block fits one 32 KiB page. The storage engine gives a
-/// value the smallest power-of-two page that holds it, so a block just past a power of two would
-/// waste most of a page twice its size; measured on realistic sessions, this limit keeps the file
-/// within about 1.2 times the bytes of its records.
-pub const DEFAULT_BLOCK_BYTES: usize = 32 * 1024 - 512;
+/// The default most bytes a stored block takes (packed and compressed): 32 KiB less room for its
+/// key and the B-tree leaf around it, so that a full block fills one 32 KiB page. The storage
+/// engine gives a value the smallest power-of-two run of pages that holds it, so the writer fills
+/// blocks up to this size (see [`StoreOptions::block_bytes`]).
+pub const DEFAULT_BLOCK_BYTES: usize = 32 * 1024 - 768;
+
+/// The default most events in one stored block: more than a full block of streamed chunks holds,
+/// so that blocks end by size.
+pub const DEFAULT_BLOCK_EVENTS: usize = 4096;
 
 /// The default page cache of an open store.
 pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -65,7 +68,9 @@ pub struct StoreOptions {
     pub commit_window: Duration,
     /// The most events one stored block holds.
     pub block_events: usize,
-    /// The most record bytes one stored block holds (a single larger record gets a block alone).
+    /// The most bytes one stored block takes as stored (a single larger record gets a block
+    /// alone). The writer fills blocks up to it: a commit too small to fill one writes a small
+    /// block, and a later commit rewrites the small blocks into a full one.
     pub block_bytes: usize,
     /// The storage engine's page cache, in bytes. Reads stream through it, so it bounds the
     /// memory a scan of a large session adds on top of the decoded events.
@@ -80,7 +85,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             commit_window: DEFAULT_COMMIT_WINDOW,
-            block_events: 512,
+            block_events: DEFAULT_BLOCK_EVENTS,
             block_bytes: DEFAULT_BLOCK_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -178,15 +183,27 @@ impl Writable {
         }
     }
 
-    /// Drops the current handle, containing a panic the engine raises while closing a damaged
-    /// file. Returns the panic's message, if any.
+    /// Compacts the file and drops the current handle, containing a panic the engine raises
+    /// while closing a damaged file. Returns the panic's message, if any.
+    ///
+    /// The storage engine reuses the pages a commit frees only where a later value fits them, so a
+    /// file whose writer rewrote its small blocks holds free space; compacting moves the last
+    /// pages into it and truncates the file (a few milliseconds for a 50 MB file). It needs the
+    /// only handle and no live read: otherwise the file stays as it is.
     pub fn release(&self) -> Option<String> {
         let old = self
             .current
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        contained(move || drop(old)).err()
+        contained(move || {
+            if let Some(mut db) = old.and_then(|db| Arc::try_unwrap(db).ok())
+                && let Err(error) = db.compact()
+            {
+                tracing::debug!(%error, "the store file was not compacted at close");
+            }
+        })
+        .err()
     }
 
     /// Drops the current handle and opens the storage again. Returns whether a fresh handle is
@@ -249,6 +266,9 @@ pub(crate) struct Inner {
     pub engine: Arc<dyn StorageEngine>,
     pub path: Option<PathBuf>,
     pub store_id: Uuid,
+    /// How the store lays out its blocks: format 2, or format 1 on a store opened read-only
+    /// before its upgrade.
+    pub format: BlockFormat,
     pub queue: Arc<Queue>,
     pub options: StoreOptions,
     /// Sessions a live writer owns (see the `owners` module).
@@ -461,7 +481,8 @@ impl Store {
         #[cfg(feature = "postgres")]
         {
             guard(|| {
-                let (engine, store_id) = crate::postgres::PgEngine::open(url, false)?;
+                let (engine, store_id, format) = crate::postgres::PgEngine::open(url, false)?;
+                writable_format(&crate::engine::display_location(Path::new(url)), format)?;
                 Self::start_writer(Arc::new(engine), None, store_id, options)
             })
         }
@@ -483,8 +504,8 @@ impl Store {
         if let Some(url) = path.as_ref().to_str().filter(|p| crate::engine::is_url(p)) {
             #[cfg(feature = "postgres")]
             return guard(|| {
-                let (engine, store_id) = crate::postgres::PgEngine::open(url, true)?;
-                Ok(Self::reader(Arc::new(engine), None, store_id))
+                let (engine, store_id, format) = crate::postgres::PgEngine::open(url, true)?;
+                Ok(Self::reader(Arc::new(engine), None, store_id, format))
             });
             #[cfg(not(feature = "postgres"))]
             return Err(no_postgres(url));
@@ -493,26 +514,34 @@ impl Store {
             let path = path.as_ref();
             let db = Reader::open(path)?;
             let txn = db.begin_read()?;
-            let store_id = check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
-                path: path.to_owned(),
-                reason: "it holds no Lineage tables".into(),
-            })?;
+            let (store_id, format) =
+                check_meta(&txn, path)?.ok_or_else(|| StoreError::NotAStore {
+                    path: path.to_owned(),
+                    reason: "it holds no Lineage tables".into(),
+                })?;
             drop(txn);
             Ok(Self::reader(
                 Arc::new(RedbEngine::Read(db)),
                 Some(path.to_owned()),
                 store_id,
+                format,
             ))
         })
     }
 
     /// A read-only store over `engine`: no writer thread.
-    fn reader(engine: Arc<dyn StorageEngine>, path: Option<PathBuf>, store_id: Uuid) -> Store {
+    pub(crate) fn reader(
+        engine: Arc<dyn StorageEngine>,
+        path: Option<PathBuf>,
+        store_id: Uuid,
+        format: BlockFormat,
+    ) -> Store {
         Store {
             inner: Arc::new(Inner {
                 engine,
                 path,
                 store_id,
+                format,
                 queue: Arc::new(Queue::without_writer()),
                 options: StoreOptions::default(),
                 owners: Owners::default(),
@@ -531,7 +560,10 @@ impl Store {
         let db = opener()?;
         let shown = path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
         let store_id = match check_meta(&db.begin_read().engine()?, &shown)? {
-            Some(id) => id,
+            Some((id, format)) => {
+                writable_format(&shown.display().to_string(), format)?;
+                id
+            }
             None => initialize(&db, &shown)?,
         };
         let engine = Arc::new(RedbEngine::Write(Writable {
@@ -578,6 +610,7 @@ impl Store {
                 engine,
                 path,
                 store_id,
+                format: BlockFormat::V2,
                 queue,
                 options,
                 owners: Owners::default(),
@@ -776,11 +809,9 @@ impl Store {
             };
             let after = check(&before, events).map_err(|e| StoreError::from_log(session, e))?;
             let mut records = Vec::with_capacity(events.len() * 48);
-            let mut ends = Vec::with_capacity(events.len());
             let mut encoder = Encoder::new();
             for event in events {
                 encoder.encode(event, &mut records);
-                ends.push(records.len());
             }
             let mut state = queue.lock();
             let tail = state
@@ -792,7 +823,7 @@ impl Store {
             }
             let origin =
                 header_facts(&tail.header, events).map_err(|e| StoreError::from_log(session, e))?;
-            let blocks = cut_blocks(tail, records, &ends, &self.inner.options);
+            let blocks = vec![pending_block(tail, records, events.len())];
             tail.structure = after;
             tail.header.origin = origin;
             queue.enqueue(&mut state, session, blocks);
@@ -866,7 +897,7 @@ impl Store {
             if self.inner.queue.lock().tails.contains_key(&session) {
                 return Ok(());
             }
-            let stored = read_log(&*self.view()?, session)?;
+            let stored = read_log(&*self.view()?, self.inner.format, session)?;
             self.remember(session, stored.record, stored.chain, stored.structure);
             Ok(())
         })
@@ -925,7 +956,7 @@ impl Store {
     pub(crate) fn load_repairing(&self, session: SessionId) -> Result<Loaded> {
         guard(|| {
             self.flush_before_read(session)?;
-            let stored = read_log(&*self.view()?, session)?;
+            let stored = read_log(&*self.view()?, self.inner.format, session)?;
             let closers = interrupted_turn_closers(&stored.events);
             let header = stored.record.header.clone();
             let mut events = stored.events;
@@ -947,7 +978,7 @@ impl Store {
     /// store is not touched. Works on read-only stores.
     pub fn inspect(&self, session: SessionId) -> Result<Loaded> {
         guard(|| {
-            let stored = read_log(&*self.view()?, session)?;
+            let stored = read_log(&*self.view()?, self.inner.format, session)?;
             let closers = interrupted_turn_closers(&stored.events);
             let count = closers.len();
             let mut events = stored.events;
@@ -962,7 +993,7 @@ impl Store {
 
     /// The committed events with `seq >= from` (empty when `from` is past the end). No repair.
     pub fn read_from(&self, session: SessionId, from: u64) -> Result<Vec<Event>> {
-        guard(|| read_from(&*self.view()?, session, from))
+        guard(|| read_from(&*self.view()?, self.inner.format, session, from))
     }
 
     /// A stored session's header and position.
@@ -1024,10 +1055,10 @@ impl Store {
             for (session, _) in rows {
                 for block in view.blocks(session, 0)? {
                     let (first_seq, bytes) = block?;
-                    let block = Block::parse(session, first_seq, &bytes)?;
+                    let block = Block::parse(self.inner.format, session, first_seq, &bytes)?;
                     stats.blocks += 1;
                     stats.block_bytes += bytes.len() as u64;
-                    for item in lineage_log::Records::new(block.records, first_seq) {
+                    for item in lineage_log::Records::new(&block.records, first_seq) {
                         let (_, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
                         let kind = raw.kind().unwrap_or(EventKind::Opaque);
                         let slot = stats.by_kind.entry(kind).or_default();
@@ -1201,55 +1232,25 @@ fn info_of(record: SessionRecord) -> SessionInfo {
     }
 }
 
-/// Cuts a validated batch's records into blocks within the limits, advancing the tail's seq and
-/// digest. A batch that fits in one block moves its buffer without a copy.
-pub(crate) fn cut_blocks(
-    tail: &mut Tail,
-    records: Vec<u8>,
-    ends: &[usize],
-    options: &StoreOptions,
-) -> Vec<PendingBlock> {
-    let fits = ends.len() <= options.block_events && records.len() <= options.block_bytes;
-    if fits {
-        tail.chain.update(&records);
-        let block = PendingBlock {
-            first_seq: tail.next_seq,
-            count: ends.len() as u32,
-            records,
-            digest: tail.chain.digest(),
-        };
-        tail.next_seq += ends.len() as u64;
-        return vec![block];
-    }
-    let mut blocks = Vec::new();
-    let mut start = 0usize; // index of the block's first record
-    let mut start_byte = 0usize;
-    for i in 0..ends.len() {
-        let count = i + 1 - start;
-        let bytes = ends[i] - start_byte;
-        let last = i + 1 == ends.len();
-        let next_too_big = !last
-            && (count + 1 > options.block_events || ends[i + 1] - start_byte > options.block_bytes);
-        if last || next_too_big || bytes >= options.block_bytes {
-            let slice = &records[start_byte..ends[i]];
-            tail.chain.update(slice);
-            blocks.push(PendingBlock {
-                first_seq: tail.next_seq,
-                count: count as u32,
-                records: slice.to_vec(),
-                digest: tail.chain.digest(),
-            });
-            tail.next_seq += count as u64;
-            start = i + 1;
-            start_byte = ends[i];
-        }
-    }
-    blocks
+/// Queues a validated batch's records as one pending block, advancing the tail's seq and digest.
+/// (The writer cuts what it commits into stored blocks.)
+pub(crate) fn pending_block(tail: &mut Tail, records: Vec<u8>, count: usize) -> PendingBlock {
+    let start = tail.chain.clone();
+    tail.chain.update(&records);
+    let block = PendingBlock {
+        first_seq: tail.next_seq,
+        count: count as u32,
+        records,
+        digest: tail.chain.digest(),
+        start,
+    };
+    tail.next_seq += count as u64;
+    block
 }
 
 /// Checks the `meta` table: `Some(store id)` for a Lineage store of a supported format, `None` for
 /// an empty database, an error for anything else.
-fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
+fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<(Uuid, BlockFormat)>> {
     let not_a_store = |reason: String| StoreError::NotAStore {
         path: path.to_owned(),
         reason,
@@ -1280,31 +1281,46 @@ fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<Uuid>> {
         .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| not_a_store("its meta table has no format version".into()))?;
-    check_store_version(&path.display().to_string(), version)?;
+    let format = check_store_version(&path.display().to_string(), version)?;
     let id = meta
         .get(META_STORE_ID)
         .engine()?
         .and_then(|v| Uuid::from_slice(v.value()).ok())
         .ok_or_else(|| not_a_store("its meta table has no store id".into()))?;
-    Ok(Some(id))
+    Ok(Some((id, format)))
 }
 
-/// Refuses a store layout version other than this build's, naming the store `shown`.
-pub(crate) fn check_store_version(shown: &str, version: u32) -> Result<()> {
+/// The block format of store layout version `version`, refusing one this build does not read,
+/// naming the store `shown`.
+pub(crate) fn check_store_version(shown: &str, version: u32) -> Result<BlockFormat> {
     let what = format!("store {shown}");
     let supported = STORE_FORMAT_VERSION;
-    match version.cmp(&supported) {
-        std::cmp::Ordering::Greater => Err(StoreError::NewerFormat {
+    if let Some(format) = BlockFormat::of_version(version) {
+        return Ok(format);
+    }
+    if version > supported {
+        Err(StoreError::NewerFormat {
             what,
             found: version,
             supported,
-        }),
-        std::cmp::Ordering::Less => Err(StoreError::OlderFormat {
+        })
+    } else {
+        Err(StoreError::OlderFormat {
             what,
             found: version,
             supported,
+        })
+    }
+}
+
+/// Refuses to write to a store of an older layout: it opens read-only until it is upgraded.
+fn writable_format(shown: &str, format: BlockFormat) -> Result<()> {
+    match format {
+        BlockFormat::V2 => Ok(()),
+        BlockFormat::V1 => Err(StoreError::UpgradeRequired {
+            store: shown.to_owned(),
+            found: 1,
         }),
-        std::cmp::Ordering::Equal => Ok(()),
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::Result;
 use crate::engine::View;
-use crate::layout::{Block, SessionRecord};
+use crate::layout::{Block, BlockFormat, SessionRecord};
 use crate::store::Store;
 use lineage_log::{
     Chain, Digest, Encoder, EventBody, FORMAT_VERSION, Header, Records, SessionId, SessionLineage,
@@ -242,7 +242,14 @@ impl Store {
                     Ok(record) => {
                         let empty = BTreeSet::new();
                         let wants = wanted.get(&session).unwrap_or(&empty);
-                        let scan = scan_session(&*view, session, record, wants, &mut report)?;
+                        let scan = scan_session(
+                            &*view,
+                            self.inner.format,
+                            session,
+                            record,
+                            wants,
+                            &mut report,
+                        )?;
                         check_header(&record.header, &scan, &mut report.problems);
                         report.events = scan.events;
                         report.blocks = scan.blocks;
@@ -294,6 +301,7 @@ impl Store {
 
 fn scan_session(
     view: &dyn View,
+    format: BlockFormat,
     session: SessionId,
     record: &SessionRecord,
     wants: &BTreeSet<u64>,
@@ -314,7 +322,7 @@ fn scan_session(
     for block in view.blocks(session, 0)? {
         let (first_seq, value) = block?;
         scan.blocks += 1;
-        let block = match Block::parse(session, first_seq, &value) {
+        let block = match Block::parse(format, session, first_seq, &value) {
             Ok(block) => block,
             Err(e) => {
                 problems.push(Problem::CorruptBlock {
@@ -340,7 +348,7 @@ fn scan_session(
         // Digest: whole block at once unless a child's seed boundary falls inside it.
         let inner_wants = wants.range(first_seq + 1..=last_seq + 1).next().is_some();
         if chain_intact && !inner_wants {
-            chain.update(block.records);
+            chain.update(&block.records);
             if chain.digest() != block.digest {
                 problems.push(Problem::CorruptBlock {
                     first_seq,
@@ -350,7 +358,7 @@ fn scan_session(
                 chain_intact = false;
             }
         }
-        let mut records = Records::new(block.records, first_seq);
+        let mut records = Records::new(&block.records, first_seq);
         for item in records.by_ref() {
             let (seq, raw) = match item {
                 Ok(item) => item,

@@ -15,6 +15,7 @@ use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 use crate::delete::{DeleteJob, Deleted};
 use crate::engine::{Engine, LeaseState, SessionWrite, Written};
 use crate::error::EngineError;
+use crate::fill::{OpenRun, Ratio, lay_out};
 use crate::layout::{SessionRecord, encode_block};
 use crate::{Result, StoreError, StoreOptions};
 
@@ -26,6 +27,9 @@ pub(crate) struct PendingBlock {
     pub records: Vec<u8>,
     /// The running digest at the block's last record.
     pub digest: Digest,
+    /// The running digest before its first record, from which the writer hashes its records
+    /// again wherever it cuts them into stored blocks.
+    pub start: Chain,
 }
 
 /// What the writer knows of a session this process has touched.
@@ -251,39 +255,30 @@ struct Job {
 }
 
 impl Job {
-    /// The job as the engine writes it: adjacent small blocks merged up to the block limits, and
-    /// the session's new row.
-    fn write(&self, options: &StoreOptions) -> SessionWrite {
-        let mut values = Vec::new();
-        let mut i = 0;
-        while i < self.blocks.len() {
-            let first = &self.blocks[i];
-            let mut j = i + 1;
-            let mut count = first.count;
-            let mut bytes = first.records.len();
-            while let Some(next) = self.blocks.get(j).filter(|_| !self.verbatim) {
-                if (count + next.count) as usize > options.block_events
-                    || bytes + next.records.len() > options.block_bytes
-                {
-                    break;
-                }
-                count += next.count;
-                bytes += next.records.len();
-                j += 1;
-            }
-            let mut value = Vec::new();
-            if j == i + 1 {
-                encode_block(count, first.digest, &first.records, &mut value);
-            } else {
-                let mut records = Vec::with_capacity(bytes);
-                for block in &self.blocks[i..j] {
-                    records.extend_from_slice(&block.records);
-                }
-                encode_block(count, self.blocks[j - 1].digest, &records, &mut value);
-            }
-            values.push((first.first_seq, value));
-            i = j;
-        }
+    /// The job as the engine writes it, after the session's open run `open`: its records laid out
+    /// in full blocks (or, copied verbatim, as they came), and the session's new row. Also the
+    /// open run once the write applies.
+    fn write(
+        &self,
+        options: &StoreOptions,
+        open: Option<&OpenRun>,
+        ratio: &mut Ratio,
+    ) -> (SessionWrite, Option<OpenRun>) {
+        let (blocks, replaced, open) = if self.verbatim {
+            let blocks = self
+                .blocks
+                .iter()
+                .map(|block| {
+                    let mut value = Vec::new();
+                    encode_block(block.count, block.digest, &block.records, &mut value);
+                    (block.first_seq, value)
+                })
+                .collect();
+            (blocks, Vec::new(), None)
+        } else {
+            let layout = lay_out(open, &self.blocks, options, ratio);
+            (layout.blocks, layout.replaced, layout.open)
+        };
         let last = self.blocks.last().expect("jobs have blocks");
         let row = SessionRecord {
             header: self.header.clone(),
@@ -291,19 +286,20 @@ impl Job {
             head: last.digest,
             revision: self.revision,
         };
-        SessionWrite {
+        let write = SessionWrite {
             session: self.session,
             new: self.new,
             parent: self.header.parent,
             expected: self.blocks[0].first_seq,
             row: row.encode(),
-            blocks: values,
+            blocks,
+            replaced,
             fence: self.fence,
-        }
+        };
+        (write, open)
     }
 }
 
-/// The writer thread's body.
 pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOptions) {
     struct Gone<'a>(&'a Queue);
     impl Drop for Gone<'_> {
@@ -314,6 +310,9 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         }
     }
     let _gone = Gone(&queue);
+    // Each session's open run, and how well records compress: only this thread touches them.
+    let mut open_runs: HashMap<SessionId, OpenRun> = HashMap::new();
+    let mut ratio = Ratio::default();
     loop {
         let mut state = queue.lock();
         loop {
@@ -371,7 +370,10 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         let shutting_down = state.shutdown;
         drop(state);
 
-        let writes: Vec<SessionWrite> = jobs.iter().map(|job| job.write(&options)).collect();
+        let (writes, mut opened): (Vec<SessionWrite>, Vec<Option<OpenRun>>) = jobs
+            .iter()
+            .map(|job| job.write(&options, open_runs.get(&job.session), &mut ratio))
+            .unzip();
         let result = engine.commit(&writes, &deletions);
         drop(writes);
         if result.is_err() {
@@ -385,9 +387,16 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
             Ok(committed) => {
                 state.durable = watermark;
                 state.last_failure = None;
-                for (job, written) in jobs.into_iter().zip(committed.writes) {
+                for ((job, written), open) in
+                    jobs.into_iter().zip(committed.writes).zip(opened.drain(..))
+                {
+                    // What the store holds of the session is known only after a write applied.
+                    open_runs.remove(&job.session);
                     let why = match written {
                         Written::Applied => {
+                            if let Some(open) = open {
+                                open_runs.insert(job.session, open);
+                            }
                             if let Some(tail) = state.tails.get_mut(&job.session) {
                                 tail.revision = job.revision;
                                 tail.row_written = true;
@@ -418,6 +427,9 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                 }
                 for (id, answer) in committed.deletions {
                     if let Ok(deleted) = &answer {
+                        for session in &deleted.sessions {
+                            open_runs.remove(session);
+                        }
                         forget_deleted(&mut state, &deleted.sessions);
                     }
                     state.deleted_answers.insert(id, answer);

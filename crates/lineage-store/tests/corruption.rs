@@ -391,11 +391,7 @@ fn problems_of(store: &Store, session: SessionId) -> Vec<Problem> {
 fn block_of(log: &[Event]) -> Vec<u8> {
     let mut records = Vec::new();
     lineage_log::Encoder::new().encode_all(log, &mut records);
-    let mut block = Vec::new();
-    block.extend_from_slice(&(log.len() as u32).to_le_bytes());
-    block.extend_from_slice(&digest_of(log).0);
-    block.extend_from_slice(&records);
-    block
+    packed_block(log.len() as u32, digest_of(log), &records)
 }
 
 #[test]

@@ -403,8 +403,17 @@ fn a_write_the_server_refuses_fails_only_its_sessions_flushes() {
         "ALTER TABLE lineage_blocks ADD CONSTRAINT small_blocks CHECK (length(value) < 4096)";
     server.psql(&url, rule);
 
-    host.admit(refused, &completed_turn(2, len, &"x".repeat(8_000)))
-        .unwrap();
+    // Text that does not compress, so its block stays over the limit as stored.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let noise: String = (0..8_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'a' + (state % 26) as u8)
+        })
+        .collect();
+    host.admit(refused, &completed_turn(2, len, &noise)).unwrap();
     host.admit(calm, &completed_turn(2, len, "short")).unwrap();
     match host.flush(refused) {
         Err(StoreError::CommitFailed { source }) => {

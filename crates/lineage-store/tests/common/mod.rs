@@ -24,8 +24,33 @@ pub const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("lineage
 pub const EVENTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("lineage/events");
 pub const CHILDREN: TableDefinition<(u128, u128), ()> = TableDefinition::new("lineage/children");
 
-/// Bytes before a block's records: record count (u32 LE) and the running digest at its last record.
+/// Bytes before a block's body: record count (u32 LE) and the running digest at its last record.
 pub const BLOCK_HEADER_LEN: usize = 4 + 32;
+
+/// A block value in store format 2 (`schema/FORMAT.md` §4), written here independently of the
+/// store: the body packed but neither run-packed nor compressed, each record re-framed with its
+/// time as the difference from the previous record's.
+pub fn packed_block(count: u32, digest: Digest, records: &[u8]) -> Vec<u8> {
+    let mut block = count.to_le_bytes().to_vec();
+    block.extend_from_slice(&digest.0);
+    block.push(0); // body: packed, stored as is
+    let mut previous = 0i64;
+    let mut rest = records;
+    while !rest.is_empty() {
+        let (record, after) = lineage_log::split_record(rest, 0).expect("canonical records");
+        let dt = record.time_ms.wrapping_sub(previous);
+        previous = record.time_ms;
+        let mut body = Vec::new();
+        lineage_log::put_varint(&mut body, u64::from(record.tag));
+        body.push(record.flags);
+        lineage_log::put_varint(&mut body, ((dt << 1) ^ (dt >> 63)) as u64);
+        body.extend_from_slice(record.payload);
+        lineage_log::put_varint(&mut block, body.len() as u64);
+        block.extend_from_slice(&body);
+        rest = after;
+    }
+    block
+}
 
 /// A session's row as the store writes it (postcard of these fields in this order), so tests can
 /// read and craft rows without the crate's private type.

@@ -96,6 +96,10 @@ pub enum Command {
     /// blocks byte for byte, checking digests here and verifying there; sessions already copied
     /// are left alone.
     Copy(CopyArgs),
+    /// Rewrite a store written by an earlier Lineage in this build's format, crash-safely (a
+    /// kill leaves the old store or the new one), then verify it. Until then, an older store opens
+    /// read-only: every inspection command works on it.
+    Upgrade(StoreArgs),
     /// Run a scripted multi-agent delegation into a store, restart, resume a child, and show the
     /// result (no network: the models are scripted).
     Demo(DemoArgs),

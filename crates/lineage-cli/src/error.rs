@@ -96,6 +96,7 @@ impl CliError {
             e @ (StoreError::NotAStore { .. }
             | StoreError::NewerFormat { .. }
             | StoreError::OlderFormat { .. }
+            | StoreError::UpgradeRequired { .. }
             | StoreError::AlreadyOpen { .. }) => e.to_string(),
             other => format!("cannot open {shown}: {other}"),
         })

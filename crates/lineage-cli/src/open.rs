@@ -68,7 +68,7 @@ pub fn open_for_writing(path: &Path) -> Result<Opened, CliError> {
 
 /// Refuses a path that is missing, a directory or an empty file, before any open. A database URL
 /// is the server's to refuse.
-fn check_file(path: &Path) -> Result<(), CliError> {
+pub fn check_file(path: &Path) -> Result<(), CliError> {
     if lineage_store::is_database_url(path) {
         return Ok(());
     }

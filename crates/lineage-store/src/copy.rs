@@ -89,7 +89,12 @@ impl Store {
     }
 
     /// Writes a copied session, its blocks as they are and its row as the source's, durably.
-    fn write_copy(&self, stored: StoredLog, blocks: Vec<PendingBlock>, verbatim: bool) -> Result<()> {
+    fn write_copy(
+        &self,
+        stored: StoredLog,
+        blocks: Vec<PendingBlock>,
+        verbatim: bool,
+    ) -> Result<()> {
         let StoredLog {
             record,
             structure,

@@ -30,23 +30,43 @@ use crate::store::{initialize, open_backend};
 use crate::{Result, StoreError};
 
 /// The directory holding `path` (the current one for a bare file name).
-fn directory_of(path: &Path) -> &Path {
+pub(crate) fn directory_of(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     }
 }
 
-/// The prefix of every temporary file of the store at `path`.
-fn temporary_prefix(path: &Path) -> Option<String> {
+/// What a temporary file beside a store is for: it is named after it.
+#[derive(Clone, Copy)]
+pub(crate) enum Purpose {
+    /// A new store, published by a hard link.
+    Creating,
+    /// The store rewritten in this build's format, renamed over the old one (`Store::upgrade`).
+    Upgrading,
+}
+
+impl Purpose {
+    const ALL: [Purpose; 2] = [Purpose::Creating, Purpose::Upgrading];
+
+    fn infix(self) -> &'static str {
+        match self {
+            Purpose::Creating => "creating",
+            Purpose::Upgrading => "upgrading",
+        }
+    }
+}
+
+/// The prefix of every temporary file for `purpose` of the store at `path`.
+fn temporary_prefix(path: &Path, purpose: Purpose) -> Option<String> {
     let name = path.file_name()?.to_str()?;
-    Some(format!(".{name}.creating."))
+    Some(format!(".{name}.{}.", purpose.infix()))
 }
 
 /// A new, unused temporary path beside `path`, created empty and opened for writing.
-fn temporary_file(path: &Path) -> io::Result<(PathBuf, File)> {
+pub(crate) fn temporary_file(path: &Path, purpose: Purpose) -> io::Result<(PathBuf, File)> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let prefix = temporary_prefix(path).ok_or_else(|| {
+    let prefix = temporary_prefix(path, purpose).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             "the store path has no file name (or one that is not UTF-8)",
@@ -86,7 +106,8 @@ pub(crate) fn create<B: StorageBackend>(
         path: path.to_owned(),
         source: Box::new(source),
     };
-    let (temporary, file) = temporary_file(path).map_err(|e| failed(io_error(e)))?;
+    let (temporary, file) =
+        temporary_file(path, Purpose::Creating).map_err(|e| failed(io_error(e)))?;
     let built = build(&file, cache_bytes, backend);
     drop(file);
     let outcome = built
@@ -143,7 +164,7 @@ fn publish(temporary: &Path, path: &Path) -> Result<()> {
 }
 
 /// Makes the directory's entries durable (a no-op where directories cannot be synced).
-fn sync_directory(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_directory(dir: &Path) -> io::Result<()> {
     #[cfg(unix)]
     {
         File::open(dir)?.sync_all()
@@ -158,9 +179,13 @@ fn sync_directory(dir: &Path) -> io::Result<()> {
 /// Removes the temporary files creators of the store at `path` left, once the store exists (see
 /// the module's comment). Failures are only logged: a leftover is never read.
 pub(crate) fn remove_leftovers(path: &Path) {
-    let Some(prefix) = temporary_prefix(path) else {
+    let prefixes: Vec<String> = Purpose::ALL
+        .iter()
+        .filter_map(|&purpose| temporary_prefix(path, purpose))
+        .collect();
+    if prefixes.is_empty() {
         return;
-    };
+    }
     let Ok(entries) = std::fs::read_dir(directory_of(path)) else {
         return;
     };
@@ -169,7 +194,7 @@ pub(crate) fn remove_leftovers(path: &Path) {
         let Some(name) = name.to_str() else {
             continue;
         };
-        if !name.starts_with(&prefix) {
+        if !prefixes.iter().any(|prefix| name.starts_with(prefix)) {
             continue;
         }
         match std::fs::remove_file(entry.path()) {

@@ -144,9 +144,18 @@ impl<'a> Block<'a> {
     }
 
     /// The record count and digest of a stored block, and its body, without unpacking it.
-    pub fn header(session: SessionId, first_seq: u64, bytes: &[u8]) -> Result<(u32, Digest, &[u8])> {
+    pub fn header(
+        session: SessionId,
+        first_seq: u64,
+        bytes: &[u8],
+    ) -> Result<(u32, Digest, &[u8])> {
         if bytes.len() < BLOCK_HEADER_LEN {
-            return Err(corrupt(session, first_seq, 1, "shorter than a block header"));
+            return Err(corrupt(
+                session,
+                first_seq,
+                1,
+                "shorter than a block header",
+            ));
         }
         let (head, body) = bytes.split_at(BLOCK_HEADER_LEN);
         let count = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
@@ -157,7 +166,12 @@ impl<'a> Block<'a> {
         // Keeps seq arithmetic from overflowing: the seq after every block that parses (its
         // `last_seq + 1`) is representable.
         if first_seq.checked_add(u64::from(count)).is_none() {
-            return Err(corrupt(session, first_seq, 1, "its records would run past the largest seq"));
+            return Err(corrupt(
+                session,
+                first_seq,
+                1,
+                "its records would run past the largest seq",
+            ));
         }
         Ok((count, digest, body))
     }
@@ -175,7 +189,12 @@ impl<'a> Block<'a> {
         // The smallest record is 4 bytes (length, tag, flags, time), so a count above a quarter
         // of the bytes is damage.
         if count as usize > records.len() / 4 {
-            return Err(corrupt(session, first_seq, count, "counts more records than its bytes can hold"));
+            return Err(corrupt(
+                session,
+                first_seq,
+                count,
+                "counts more records than its bytes can hold",
+            ));
         }
         Ok(Block {
             count,

@@ -22,8 +22,8 @@ mod copy;
 mod create;
 mod delete;
 mod engine;
-mod fill;
 mod error;
+mod fill;
 mod fork;
 mod layout;
 mod lease;
@@ -37,6 +37,7 @@ mod recovery;
 mod redb_engine;
 mod scan;
 mod store;
+mod upgrade;
 mod verify;
 mod writer;
 
@@ -47,7 +48,9 @@ pub use error::{EngineError, EngineErrorKind, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{
-    DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_EVENTS, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW, DEFAULT_LEASE_TTL, KindStats,
-    Loaded, STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions, StoreStats,
+    DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_EVENTS, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW,
+    DEFAULT_LEASE_TTL, KindStats, Loaded, STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions,
+    StoreStats,
 };
+pub use upgrade::Upgraded;
 pub use verify::{Problem, SessionReport, VerifyReport};

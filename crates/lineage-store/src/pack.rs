@@ -34,8 +34,8 @@ pub(crate) fn pack(records: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let mut split = Vec::new();
     let mut rest = records;
     while !rest.is_empty() {
-        let (record, after) =
-            split_record(rest, split.len() as u64).map_err(|e| format!("record {}: {e}", split.len()))?;
+        let (record, after) = split_record(rest, split.len() as u64)
+            .map_err(|e| format!("record {}: {e}", split.len()))?;
         if record.flags & FLAG_RUN != 0 {
             return Err(format!("record {} sets reserved flag bit 1", split.len()));
         }
@@ -239,7 +239,14 @@ pub(crate) fn unpack(packed: &[u8], out: &mut Vec<u8>) -> Result<u64, String> {
 }
 
 /// Writes a canonical record `len ‖ tag ‖ flags ‖ zigzag(time) ‖ payload`.
-fn put_record(out: &mut Vec<u8>, frame: &mut Vec<u8>, tag: u64, flags: u8, time: i64, payload: &[&[u8]]) {
+fn put_record(
+    out: &mut Vec<u8>,
+    frame: &mut Vec<u8>,
+    tag: u64,
+    flags: u8,
+    time: i64,
+    payload: &[&[u8]],
+) {
     frame.clear();
     put_varint(frame, tag);
     frame.push(flags);

@@ -79,8 +79,7 @@ pub(crate) fn read_log(
     let (chain, events, late_events) = std::thread::scope(|scope| {
         let helper = (!late.is_empty()).then(|| scope.spawn(|| decode(format, session, late)));
         let (chain, early_events) = hash_and_decode(format, session, &blocks, early.len());
-        let late_events =
-            helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        let late_events = helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
         (chain, early_events, late_events)
     });
     let chain = chain?;
@@ -157,7 +156,13 @@ fn hash_and_decode(
     let mut buffers = Buffers::default();
     let mut events = Ok(with_capacity(&blocks[..decode]));
     for (i, stored) in blocks.iter().enumerate() {
-        let block = match Block::parse_into(format, session, stored.first_seq, stored.bytes, &mut buffers) {
+        let block = match Block::parse_into(
+            format,
+            session,
+            stored.first_seq,
+            stored.bytes,
+            &mut buffers,
+        ) {
             Ok(block) => block,
             Err(e) => return (Err(e), events),
         };
@@ -186,7 +191,13 @@ fn decode(format: BlockFormat, session: SessionId, blocks: &[Stored<'_>]) -> Res
     let mut buffers = Buffers::default();
     let mut events = with_capacity(blocks);
     for stored in blocks {
-        let block = Block::parse_into(format, session, stored.first_seq, stored.bytes, &mut buffers)?;
+        let block = Block::parse_into(
+            format,
+            session,
+            stored.first_seq,
+            stored.bytes,
+            &mut buffers,
+        )?;
         decode_block(session, stored.first_seq, &block, &mut events)?;
     }
     Ok(events)

@@ -496,8 +496,9 @@ mod tests {
                         .unwrap();
                     (k.value(), v.value().to_vec())
                 };
-                let block = crate::layout::Block::parse(crate::layout::BlockFormat::V2, id, key.1, &bytes)
-                    .unwrap();
+                let block =
+                    crate::layout::Block::parse(crate::layout::BlockFormat::V2, id, key.1, &bytes)
+                        .unwrap();
                 let bounds = (key.1, block.last_seq(key.1));
                 *bytes.last_mut().unwrap() ^= 0x01;
                 table.insert(key, bytes.as_slice()).unwrap();

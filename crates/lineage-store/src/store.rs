@@ -20,8 +20,8 @@ use crate::create;
 use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
-    Block, BlockFormat, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID, SESSIONS,
-    SessionRecord,
+    Block, BlockFormat, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID,
+    SESSIONS, SessionRecord,
 };
 use crate::lease::Keeper;
 use crate::owners::Owners;
@@ -161,6 +161,15 @@ pub(crate) struct Writable {
 }
 
 impl Writable {
+    /// A handle on `db` that cannot be reopened.
+    pub fn single(db: Arc<Database>) -> Writable {
+        Writable {
+            current: RwLock::new(Some(db)),
+            opener: None,
+            reopen_failure: Mutex::new(None),
+        }
+    }
+
     /// The current handle. `Unavailable` (or `Closed`, for storage that cannot be reopened) while
     /// a reopen has not yet succeeded.
     pub fn get(&self) -> Result<Arc<Database>> {
@@ -1250,7 +1259,10 @@ pub(crate) fn pending_block(tail: &mut Tail, records: Vec<u8>, count: usize) -> 
 
 /// Checks the `meta` table: `Some(store id)` for a Lineage store of a supported format, `None` for
 /// an empty database, an error for anything else.
-fn check_meta(txn: &ReadTransaction, path: &Path) -> Result<Option<(Uuid, BlockFormat)>> {
+pub(crate) fn check_meta(
+    txn: &ReadTransaction,
+    path: &Path,
+) -> Result<Option<(Uuid, BlockFormat)>> {
     let not_a_store = |reason: String| StoreError::NotAStore {
         path: path.to_owned(),
         reason,
@@ -1326,8 +1338,12 @@ fn writable_format(shown: &str, format: BlockFormat) -> Result<()> {
 
 /// Writes the `meta` table and creates the other tables of a fresh store, durably.
 pub(crate) fn initialize(db: &Database, path: &Path) -> Result<Uuid> {
+    initialize_as(db, path, Uuid::now_v7())
+}
+
+/// [`initialize`] with the store id `id` (an upgraded store keeps its own).
+pub(crate) fn initialize_as(db: &Database, path: &Path, id: Uuid) -> Result<Uuid> {
     let txn = db.begin_write().engine()?;
-    let id = Uuid::now_v7();
     {
         if txn.list_tables().engine()?.next().is_some() {
             return Err(StoreError::NotAStore {

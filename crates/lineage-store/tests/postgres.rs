@@ -413,7 +413,8 @@ fn a_write_the_server_refuses_fails_only_its_sessions_flushes() {
             char::from(b'a' + (state % 26) as u8)
         })
         .collect();
-    host.admit(refused, &completed_turn(2, len, &noise)).unwrap();
+    host.admit(refused, &completed_turn(2, len, &noise))
+        .unwrap();
     host.admit(calm, &completed_turn(2, len, "short")).unwrap();
     match host.flush(refused) {
         Err(StoreError::CommitFailed { source }) => {

@@ -26,6 +26,7 @@ mod stats;
 mod tag;
 mod tail;
 mod tree;
+mod upgrade;
 mod verify;
 
 /// Runs `command`, writing to `out`.
@@ -44,6 +45,7 @@ pub fn run(command: Command, out: &mut dyn Write) -> Result<u8, CliError> {
         Command::Tag(args) => tag::run(&args, out),
         Command::Prune(args) => prune::run(&args, out),
         Command::Copy(args) => copy::run(&args, out),
+        Command::Upgrade(args) => upgrade::run(&args, out),
         Command::Demo(args) => crate::demo::run(&args, out),
         // `lineage_cli::run` runs the chat itself, with its stderr; here it has none, so the
         // session id of `--json` goes nowhere.

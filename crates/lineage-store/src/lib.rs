@@ -25,6 +25,8 @@ mod engine;
 mod error;
 mod fill;
 mod fork;
+#[cfg(test)]
+mod golden;
 mod layout;
 mod lease;
 mod meta;

@@ -1,0 +1,1 @@
+//! Golden vectors of store format 2 blocks (`schema/golden/blocks.txt`).

@@ -17,7 +17,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CustomWire, CustomWireRef};
-use crate::{AssistantChunk, Custom, Event, EventBody, EventKind, LogError, Opaque, StreamChunk, Text};
+use crate::{
+    AssistantChunk, Custom, Event, EventBody, EventKind, LogError, Opaque, StreamChunk, Text,
+};
 
 /// The flag bit that marks a record ignorable.
 pub const FLAG_IGNORABLE: u8 = 0b0000_0001;

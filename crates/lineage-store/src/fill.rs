@@ -146,6 +146,15 @@ pub(crate) fn lay_out(
     }
 }
 
+/// A whole log's records (canonical, back to back, from seq 0) laid out in full blocks, the last
+/// one as it falls: what an upgrade writes.
+pub(crate) fn lay_out_log(records: &[u8], options: &StoreOptions) -> Vec<(u64, Vec<u8>)> {
+    cut(0, records, Chain::new(), options, &mut Ratio::default())
+        .into_iter()
+        .map(|c| (c.first_seq, c.value))
+        .collect()
+}
+
 /// One stored block cut from a run of records.
 struct Cut {
     first_seq: u64,

@@ -122,27 +122,6 @@ impl<'a> Block<'a> {
         Self::checked(session, first_seq, count, digest, records)
     }
 
-    /// [`Block::parse`] unpacking into `buffers`, so a reader of many blocks allocates once.
-    pub fn parse_into(
-        format: BlockFormat,
-        session: SessionId,
-        first_seq: u64,
-        bytes: &'a [u8],
-        buffers: &'a mut Buffers,
-    ) -> Result<Block<'a>> {
-        let (count, digest, body) = Self::header(session, first_seq, bytes)?;
-        let records = match format {
-            BlockFormat::V1 => body,
-            BlockFormat::V2 => {
-                buffers.records.clear();
-                unpack_body(body, &mut buffers.packed, &mut buffers.records)
-                    .map_err(|reason| corrupt(session, first_seq, count, &reason))?;
-                &buffers.records[..]
-            }
-        };
-        Self::checked(session, first_seq, count, digest, Cow::Borrowed(records))
-    }
-
     /// The record count and digest of a stored block, and its body, without unpacking it.
     pub fn header(
         session: SessionId,
@@ -221,13 +200,6 @@ fn corrupt(session: SessionId, first_seq: u64, count: u32, reason: &str) -> Stor
     }
 }
 
-/// Reusable buffers for reading format-2 blocks.
-#[derive(Default)]
-pub(crate) struct Buffers {
-    packed: Vec<u8>,
-    records: Vec<u8>,
-}
-
 /// Unpacks a format-2 body into canonical records appended to `records`, decompressing into
 /// `packed` first if it is compressed. (Their count is checked where they are split.)
 fn unpack_body(
@@ -235,9 +207,14 @@ fn unpack_body(
     packed: &mut Vec<u8>,
     records: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
+    crate::pack::unpack(packed_entries(body, packed)?, records).map(drop)
+}
+
+/// The packed entries of a format-2 body: the body's own bytes, or decompressed into `packed`.
+fn packed_entries<'a>(body: &'a [u8], packed: &'a mut Vec<u8>) -> std::result::Result<&'a [u8], String> {
     let (&kind, body) = body.split_first().ok_or("no body")?;
     match kind {
-        BODY_PACKED => crate::pack::unpack(body, records)?,
+        BODY_PACKED => Ok(body),
         BODY_LZ4 => {
             let (raw_len, compressed) =
                 lineage_log::take_varint(body).ok_or("bad uncompressed length")?;
@@ -253,11 +230,35 @@ fn unpack_body(
             if written != raw_len {
                 return Err("decompresses to another length than it records".into());
             }
-            crate::pack::unpack(packed, records)?
+            Ok(&packed[..])
         }
-        other => return Err(format!("unknown body encoding {other}")),
+        other => Err(format!("unknown body encoding {other}")),
+    }
+}
+
+/// A stored block's records as they are kept: canonical (format 1) or packed (format 2).
+pub(crate) enum Body<'a> {
+    Canonical(&'a [u8]),
+    Packed(&'a [u8]),
+}
+
+/// The record count, digest and records of a stored block, decompressing a compressed body into
+/// `packed` but not unpacking it.
+pub(crate) fn open_block<'a>(
+    format: BlockFormat,
+    session: SessionId,
+    first_seq: u64,
+    bytes: &'a [u8],
+    packed: &'a mut Vec<u8>,
+) -> Result<(u32, Digest, Body<'a>)> {
+    let (count, digest, body) = Block::header(session, first_seq, bytes)?;
+    let body = match format {
+        BlockFormat::V1 => Body::Canonical(body),
+        BlockFormat::V2 => Body::Packed(
+            packed_entries(body, packed).map_err(|reason| corrupt(session, first_seq, count, &reason))?,
+        ),
     };
-    Ok(())
+    Ok((count, digest, body))
 }
 
 /// Writes a block value as this build stores it (format 2): header, then the records packed, and

@@ -1249,3 +1249,165 @@ fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<(Uuid
         .ok_or_else(|| not_a_store("its meta table has no store id"))?;
     Ok((id, format))
 }
+
+/// What an upgrade of a PostgreSQL store changed: the format it found, and the sessions and
+/// events it rewrote.
+pub(crate) struct PgUpgraded {
+    pub from: u32,
+    pub sessions: usize,
+    pub events: u64,
+}
+
+/// Rewrites a PostgreSQL store of an older format in this build's, in one transaction: every
+/// session's blocks go through `relayout` (the stored blocks in seq order, the new ones back), and
+/// the format version is raised. Refused while any host holds a lease on one of its sessions.
+pub(crate) fn upgrade(
+    url: &str,
+    relayout: impl Fn(SessionId, Vec<(u64, Vec<u8>)>) -> Result<Vec<(u64, Vec<u8>)>>
+    + Send
+    + Sync
+    + 'static,
+) -> Result<PgUpgraded> {
+    let shown = redact(url);
+    let storage = |e: EngineError| StoreError::Storage(e);
+    let shared = Shared {
+        runtime: Runtime::start().map_err(storage)?,
+        url: url.to_owned(),
+        pool: Arc::default(),
+        writer: Mutex::new(None),
+    };
+    let client = Arc::new(shared.connect_bare().map_err(|e| StoreError::NotAStore {
+        path: shown.clone().into(),
+        reason: format!("cannot connect: {e}"),
+    })?);
+    let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
+    let outcome = on!(shared, &client, |c| {
+        c.batch_execute("BEGIN").await.map_err(|e| storage(pg_error(e)))?;
+        let work = async {
+            let pg = |e: tokio_postgres::Error| storage(pg_error(e));
+            c.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
+                .await
+                .map_err(pg)?;
+            let tables: bool = c
+                .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
+                .await
+                .map_err(pg)?
+                .get(0);
+            if !tables {
+                return Err(StoreError::NotAStore {
+                    path: shown.clone().into(),
+                    reason: "it holds no Lineage tables".into(),
+                });
+            }
+            c.batch_execute(
+                "LOCK TABLE lineage_meta, lineage_sessions, lineage_blocks IN ACCESS EXCLUSIVE MODE",
+            )
+            .await
+            .map_err(pg)?;
+            let rows = c
+                .query("SELECT name, value FROM lineage_meta", &[])
+                .await
+                .map_err(pg)?;
+            let meta = rows
+                .iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
+                .collect();
+            let (_, format) = check_meta(&shown, Some(meta))?;
+            let from = match format {
+                BlockFormat::V2 => {
+                    return Ok(PgUpgraded {
+                        from: STORE_FORMAT_VERSION,
+                        sessions: 0,
+                        events: 0,
+                    });
+                }
+                BlockFormat::V1 => 1,
+            };
+            let leases: bool = c
+                .query_one("SELECT to_regclass('lineage_leases') IS NOT NULL", &[])
+                .await
+                .map_err(pg)?
+                .get(0);
+            if leases {
+                let held: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM lineage_leases \
+                         WHERE holder IS NOT NULL AND expires_at > now()",
+                        &[],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .get(0);
+                if held > 0 {
+                    return Err(StoreError::NotAStore {
+                        path: shown.clone().into(),
+                        reason: format!(
+                            "{held} of its sessions are held by running hosts: stop them, then upgrade"
+                        ),
+                    });
+                }
+            }
+            let sessions = c
+                .query("SELECT id, next_seq FROM lineage_sessions ORDER BY id", &[])
+                .await
+                .map_err(pg)?;
+            let mut events = 0u64;
+            for row in &sessions {
+                let id: Uuid = row.get(0);
+                events += u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+                let session = SessionId::from_u128(id.as_u128());
+                let blocks = c
+                    .query(
+                        "SELECT first_seq, value FROM lineage_blocks WHERE session = $1 \
+                         ORDER BY first_seq",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(pg)?
+                    .iter()
+                    .map(|b| (u64::try_from(b.get::<_, i64>(0)).unwrap_or(u64::MAX), b.get(1)))
+                    .collect();
+                let rewritten = relayout(session, blocks)?;
+                let firsts = rewritten
+                    .iter()
+                    .map(|(first, _)| seq_param(*first))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(storage)?;
+                let values: Vec<&[u8]> = rewritten.iter().map(|(_, v)| v.as_slice()).collect();
+                c.execute("DELETE FROM lineage_blocks WHERE session = $1", &[&id])
+                    .await
+                    .map_err(pg)?;
+                c.execute(
+                    "INSERT INTO lineage_blocks (session, first_seq, value) \
+                     SELECT $1, b.first_seq, b.value FROM unnest($2::bigint[], $3::bytea[]) AS b (first_seq, value)",
+                    &[&id, &firsts, &values],
+                )
+                .await
+                .map_err(pg)?;
+            }
+            c.execute(
+                "UPDATE lineage_meta SET value = $1 WHERE name = $2",
+                &[&version, &META_FORMAT],
+            )
+            .await
+            .map_err(pg)?;
+            Ok(PgUpgraded {
+                from,
+                sessions: sessions.len(),
+                events,
+            })
+        };
+        match work.await {
+            Ok(done) => {
+                c.batch_execute("COMMIT").await.map_err(|e| storage(pg_error(e)))?;
+                Ok(done)
+            }
+            Err(e) => {
+                let _ = c.batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    })
+    .map_err(storage)?;
+    outcome
+}

@@ -3,7 +3,8 @@
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
 
 use crate::engine::View;
-use crate::layout::{Block, BlockFormat, Buffers, SessionRecord};
+use crate::layout::{Block, BlockFormat, Body, SessionRecord, open_block};
+use crate::pack::WalkError;
 use crate::{Result, StoreError};
 
 /// A session as stored: its row, every event, and the digest and structure after the last one.
@@ -76,16 +77,42 @@ pub(crate) fn read_log(
         blocks.len()
     };
     let (early, late) = blocks.split_at(split);
-    let (chain, events, late_events) = std::thread::scope(|scope| {
-        let helper = (!late.is_empty()).then(|| scope.spawn(|| decode(format, session, late)));
-        let (chain, early_events) = hash_and_decode(format, session, &blocks, early.len());
-        let late_events = helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-        (chain, early_events, late_events)
+    let total = usize::try_from(record.next_seq).unwrap_or(usize::MAX);
+    let stored: usize = blocks.iter().map(|b| b.bytes.len()).sum();
+    // Both threads decode straight into their own part of one vector, so the parts are never
+    // copied together, as long as the headers' counts are plausible for the bytes read (damaged
+    // counts must not allocate the machine away); otherwise each part grows as it is decoded.
+    let slotted = total <= stored.saturating_mul(MAX_EVENTS_PER_STORED_BYTE);
+    let mut events = if slotted {
+        vec![PLACEHOLDER; total]
+    } else {
+        Vec::new()
+    };
+    let (early_out, late_out) = if slotted {
+        let early_len: usize = early.iter().map(|b| b.count as usize).sum();
+        let (early_slots, late_slots) = events.split_at_mut(early_len.min(total));
+        (
+            Out::Slots(early_slots.iter_mut()),
+            Out::Slots(late_slots.iter_mut()),
+        )
+    } else {
+        (Out::Grow(Vec::new()), Out::Grow(Vec::new()))
+    };
+    let (chain, early_done, late_done) = std::thread::scope(|scope| {
+        let helper =
+            (!late.is_empty()).then(|| scope.spawn(|| decode(format, session, late, late_out)));
+        let (chain, early_done) = hash_and_decode(format, session, &blocks, early.len(), early_out);
+        let late_done = helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        (chain, early_done, late_done)
     });
     let chain = chain?;
-    let mut events = events?;
-    if let Some(late) = late_events {
-        events.append(&mut late?);
+    let early_done = early_done?;
+    let late_done = late_done.transpose()?;
+    if let (Out::Grow(mut early), late) = (early_done, late_done) {
+        if let Some(Out::Grow(mut late)) = late {
+            early.append(&mut late);
+        }
+        events = early;
     }
     if chain.digest() != record.head {
         return Err(StoreError::CorruptHeader {
@@ -131,7 +158,7 @@ fn parallelism() -> usize {
 fn split_point(format: BlockFormat, blocks: &[Stored<'_>]) -> usize {
     let (mine, of) = match format {
         BlockFormat::V1 => (1, 2),
-        BlockFormat::V2 => (3, 8),
+        BlockFormat::V2 => (1, 4),
     };
     let bytes: usize = blocks.iter().map(|b| b.bytes.len()).sum();
     let mut so_far = 0;
@@ -144,109 +171,147 @@ fn split_point(format: BlockFormat, blocks: &[Stored<'_>]) -> usize {
     blocks.len()
 }
 
+/// At most this many events per stored byte are believed before they are decoded: far more than
+/// any real log packs into a byte.
+const MAX_EVENTS_PER_STORED_BYTE: usize = 8;
+
+/// Where decoded events go: slots set aside for them, or a vector that grows.
+enum Out<'a> {
+    Slots(std::slice::IterMut<'a, Event>),
+    Grow(Vec<Event>),
+}
+
+impl Out<'_> {
+    /// Puts `event` in the next place; false when no slot is left.
+    fn put(&mut self, event: Event) -> bool {
+        match self {
+            Out::Slots(slots) => match slots.next() {
+                Some(slot) => {
+                    *slot = event;
+                    true
+                }
+                None => false,
+            },
+            Out::Grow(events) => {
+                events.push(event);
+                true
+            }
+        }
+    }
+}
+
 /// Feeds every block through one running hasher, checking each stored digest, and decodes the
-/// first `decode` blocks on the way. The first decode error is kept while the hashing goes on.
-fn hash_and_decode(
+/// first `decode` blocks into `out` on the way. The first decode error is kept while the hashing
+/// goes on: damage found by a digest outranks it.
+fn hash_and_decode<'a>(
     format: BlockFormat,
     session: SessionId,
     blocks: &[Stored<'_>],
     decode: usize,
-) -> (Result<Chain>, Result<Vec<Event>>) {
+    out: Out<'a>,
+) -> (Result<Chain>, Result<Out<'a>>) {
     let mut chain = Chain::new();
-    let mut buffers = Buffers::default();
-    let mut events = Ok(with_capacity(&blocks[..decode]));
+    let (mut packed, mut canonical) = (Vec::new(), Vec::new());
+    let mut out = Ok(out);
     for (i, stored) in blocks.iter().enumerate() {
-        let block = match Block::parse_into(
-            format,
-            session,
-            stored.first_seq,
-            stored.bytes,
-            &mut buffers,
-        ) {
-            Ok(block) => block,
-            Err(e) => return (Err(e), events),
-        };
-        chain.update(&block.records);
-        if chain.digest() != block.digest {
-            let damage = StoreError::CorruptBlock {
-                session,
-                first_seq: stored.first_seq,
-                last_seq: block.last_seq(stored.first_seq),
-                reason: "digest mismatch: the block's records are not the ones written".into(),
+        let (_, digest, body) =
+            match open_block(format, session, stored.first_seq, stored.bytes, &mut packed) {
+                Ok(opened) => opened,
+                Err(e) => return (Err(e), out),
             };
-            return (Err(damage), events);
+        let records = match body {
+            Body::Canonical(records) => records,
+            Body::Packed(entries) => {
+                canonical.clear();
+                if let Err(reason) = crate::pack::unpack(entries, &mut canonical) {
+                    return (Err(damaged(session, stored, reason)), out);
+                }
+                &canonical[..]
+            }
+        };
+        chain.update(records);
+        if chain.digest() != digest {
+            let reason = "digest mismatch: the block's records are not the ones written".into();
+            return (Err(damaged(session, stored, reason)), out);
         }
         if i < decode
-            && let Ok(out) = &mut events
-            && let Err(e) = decode_block(session, stored.first_seq, &block, out)
+            && let Ok(events) = &mut out
+            && let Err(e) = decode_body(session, stored, body, events)
         {
-            events = Err(e);
+            out = Err(e);
         }
     }
-    (Ok(chain), events)
+    (Ok(chain), out)
 }
 
-/// Unpacks and decodes `blocks`.
-fn decode(format: BlockFormat, session: SessionId, blocks: &[Stored<'_>]) -> Result<Vec<Event>> {
-    let mut buffers = Buffers::default();
-    let mut events = with_capacity(blocks);
-    for stored in blocks {
-        let block = Block::parse_into(
-            format,
-            session,
-            stored.first_seq,
-            stored.bytes,
-            &mut buffers,
-        )?;
-        decode_block(session, stored.first_seq, &block, &mut events)?;
-    }
-    Ok(events)
-}
-
-/// Room for the events of `blocks`, as their headers count them, but never more than their bytes
-/// could plausibly hold: a damaged count must not allocate the machine away (the count is checked
-/// against the records as they are decoded).
-fn with_capacity(blocks: &[Stored<'_>]) -> Vec<Event> {
-    let counted: usize = blocks.iter().map(|b| b.count as usize).sum();
-    let bytes: usize = blocks.iter().map(|b| b.bytes.len()).sum();
-    Vec::with_capacity(counted.min(bytes.saturating_mul(8)))
-}
-
-/// Decodes a block's records onto `events`, checking the block's record count.
-fn decode_block(
+/// Opens and decodes `blocks` into `out`.
+fn decode<'a>(
+    format: BlockFormat,
     session: SessionId,
-    first_seq: u64,
-    block: &Block<'_>,
-    events: &mut Vec<Event>,
-) -> Result<()> {
-    let last_seq = block.last_seq(first_seq);
-    let mut records = Records::new(&block.records, first_seq);
-    for item in records.by_ref() {
-        let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-        if seq > last_seq {
-            return Err(StoreError::CorruptBlock {
-                session,
-                first_seq,
-                last_seq,
-                reason: "holds more records than its header counts".into(),
-            });
-        }
-        events.push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+    blocks: &[Stored<'_>],
+    mut out: Out<'a>,
+) -> Result<Out<'a>> {
+    let mut packed = Vec::new();
+    for stored in blocks {
+        let (_, _, body) = open_block(format, session, stored.first_seq, stored.bytes, &mut packed)?;
+        decode_body(session, stored, body, &mut out)?;
     }
-    if records.next_seq() != last_seq + 1 {
-        return Err(StoreError::CorruptBlock {
+    Ok(out)
+}
+
+/// Damage to `stored`, named by its seqs.
+fn damaged(session: SessionId, stored: &Stored<'_>, reason: String) -> StoreError {
+    StoreError::CorruptBlock {
+        session,
+        first_seq: stored.first_seq,
+        last_seq: stored.first_seq + u64::from(stored.count) - 1,
+        reason,
+    }
+}
+
+/// Decodes a block's records into `out`, checking the block's record count.
+fn decode_body(
+    session: SessionId,
+    stored: &Stored<'_>,
+    body: Body<'_>,
+    out: &mut Out<'_>,
+) -> Result<()> {
+    let mut held = 0u64;
+    let mut room = true;
+    let mut put = |event: Event| {
+        held += 1;
+        room &= out.put(event);
+    };
+    match body {
+        Body::Canonical(records) => {
+            for item in Records::new(records, stored.first_seq) {
+                let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+                put(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+            }
+        }
+        Body::Packed(entries) => {
+            crate::pack::decode(entries, stored.first_seq, &mut put).map_err(|e| match e {
+                WalkError::Packing(reason) => damaged(session, stored, reason),
+                WalkError::Visit(e) => StoreError::from_log(session, e),
+            })?;
+        }
+    }
+    if !room || held != u64::from(stored.count) {
+        return Err(damaged(
             session,
-            first_seq,
-            last_seq,
-            reason: format!(
-                "header counts {} records, the block holds {}",
-                block.count,
-                records.next_seq() - first_seq
-            ),
-        });
+            stored,
+            format!("header counts {} records, the block holds {held}", stored.count),
+        ));
     }
     Ok(())
 }
+
+/// A cheap stand-in for slots not yet decoded; every one is overwritten before a load returns.
+const PLACEHOLDER: Event = Event {
+    seq: 0,
+    time_ms: 0,
+    body: lineage_log::EventBody::StepStart(lineage_log::StepStart { turn: 0, step: 0 }),
+};
 
 /// The stored events with `seq >= from`, found with one reverse lookup and a forward scan. Blocks
 /// are decoded but, without the prefix, their digests cannot be checked: `verify` and `load` do.

@@ -440,3 +440,126 @@ fn a_write_the_server_refuses_fails_only_its_sessions_flushes() {
     host.append(refused, &next).unwrap();
     assert_intact(&host.verify().unwrap());
 }
+
+/// The hex form of `bytes` as a PostgreSQL `bytea` literal.
+fn bytea(bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("'\\x{hex}'::bytea")
+}
+
+/// A PostgreSQL store in format 1 holding what the golden format-1 store file holds: its rows,
+/// blocks and children index written into the tables as a format-1 host left them.
+fn format1_database(golden: &std::path::Path) -> String {
+    use redb::{ReadableDatabase, ReadableTable};
+    let url = postgres().create_database();
+    drop(Store::open(&url).unwrap());
+    let copy = tempfile::tempdir().unwrap();
+    let file = copy.path().join("golden.redb");
+    std::fs::copy(golden, &file).unwrap();
+    let db = raw_db(&file);
+    let txn = db.begin_read().unwrap();
+    let mut sql = vec![format!(
+        "UPDATE lineage_meta SET value = {} WHERE name = 'format_version'",
+        bytea(&1u32.to_le_bytes())
+    )];
+    let rows = txn.open_table(SESSIONS).unwrap();
+    for entry in rows.iter().unwrap() {
+        let (id, row) = entry.unwrap();
+        let id = uuid::Uuid::from_u128(id.value());
+        let row = row.value();
+        let next_seq = postcard::from_bytes::<RawSessionRecord>(row).unwrap().next_seq;
+        sql.push(format!(
+            "INSERT INTO lineage_sessions (id, next_seq, row) VALUES ('{id}', {next_seq}, {})",
+            bytea(row)
+        ));
+    }
+    let blocks = txn.open_table(EVENTS).unwrap();
+    for entry in blocks.iter().unwrap() {
+        let (key, value) = entry.unwrap();
+        let (id, first_seq) = key.value();
+        sql.push(format!(
+            "INSERT INTO lineage_blocks (session, first_seq, value) VALUES ('{}', {first_seq}, {})",
+            uuid::Uuid::from_u128(id),
+            bytea(value.value())
+        ));
+    }
+    let children = txn.open_table(CHILDREN).unwrap();
+    for entry in children.iter().unwrap() {
+        let (key, _) = entry.unwrap();
+        let (parent, child) = key.value();
+        sql.push(format!(
+            "INSERT INTO lineage_children (parent, child) VALUES ('{}', '{}')",
+            uuid::Uuid::from_u128(parent),
+            uuid::Uuid::from_u128(child)
+        ));
+    }
+    // One statement at a time: a command line holds a block's hex, not a store's.
+    for statement in sql {
+        postgres().psql(&url, &statement);
+    }
+    url
+}
+
+/// A PostgreSQL store in format 1 opens read-only, refuses writers, and upgrades in one
+/// transaction to what the file upgrade makes of the same store: the same sessions, rows, events
+/// and digests. A live lease refuses the upgrade and changes nothing.
+#[test]
+fn a_format1_database_upgrades_to_what_the_file_upgrade_makes() {
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../schema/golden/store-v1/sessions.redb");
+    let url = format1_database(&golden);
+    let file_dir = tempfile::tempdir().unwrap();
+    let file = file_dir.path().join("sessions.redb");
+    std::fs::copy(&golden, &file).unwrap();
+    Store::upgrade(&file).unwrap();
+    let reference = Store::open_read_only(&file).unwrap();
+
+    let before = Store::open_read_only(&url).unwrap();
+    for info in reference.list().unwrap() {
+        let id = info.header.id;
+        assert_eq!(before.info(id).unwrap(), info, "{id} before");
+        assert_eq!(before.inspect(id).unwrap(), reference.inspect(id).unwrap());
+    }
+    assert!(matches!(
+        Store::open(&url),
+        Err(StoreError::UpgradeRequired { found: 1, .. })
+    ));
+
+    // A host holding a lease keeps the store as it is.
+    let held = reference.list().unwrap()[0].header.id;
+    postgres().psql(
+        &url,
+        &format!(
+            "INSERT INTO lineage_leases (session, holder, expires_at, fence) \
+             VALUES ('{held}', '{}', now() + interval '1 hour', 1)",
+            uuid::Uuid::now_v7()
+        ),
+    );
+    match Store::upgrade(&url) {
+        Err(StoreError::NotAStore { reason, .. }) => assert!(reason.contains("held"), "{reason}"),
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    assert!(matches!(
+        Store::open(&url),
+        Err(StoreError::UpgradeRequired { found: 1, .. })
+    ));
+    postgres().psql(&url, "DELETE FROM lineage_leases");
+
+    let upgraded = Store::upgrade(&url).unwrap();
+    assert_eq!(
+        (upgraded.from, upgraded.to, upgraded.sessions, upgraded.events),
+        (1, STORE_FORMAT_VERSION, 3, 6057)
+    );
+    let after = Store::open(&url).unwrap();
+    for info in reference.list().unwrap() {
+        let id = info.header.id;
+        assert_eq!(after.info(id).unwrap(), info, "{id} after");
+        assert_eq!(after.inspect(id).unwrap(), reference.inspect(id).unwrap());
+    }
+    assert_eq!(
+        after.children(held).unwrap(),
+        reference.children(held).unwrap()
+    );
+    assert!(after.verify().unwrap().is_ok());
+    assert_eq!(Store::upgrade(&url).unwrap().from, STORE_FORMAT_VERSION);
+}

@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -177,6 +178,25 @@ fn measure_replay(
     rows.push(row);
 
     if largest {
+        // The same fresh-process loads while this process keeps one core busy: a host's load
+        // competes with its other work, and Lineage decodes large sessions on two threads.
+        let (lineage_busy, jsonl_busy, sqlite_busy) = with_busy_core(|| {
+            (
+                cold("lineage", &fixture.lineage).0,
+                cold("jsonl", &fixture.jsonl).0,
+                cold("sqlite", &fixture.sqlite).0,
+            )
+        });
+        rows.push(Row::time(
+            format!("cold load in a fresh process, other core busy, {size} events"),
+            lineage_busy,
+            vec![
+                ("JSON Lines", jsonl_busy),
+                ("SQLite", sqlite_busy),
+                ("Lineage, cores free", lineage),
+            ],
+        ));
+
         let mut row = Row {
             figure: format!("peak RSS of a load, {size} events"),
             unit: "MiB",
@@ -294,6 +314,30 @@ fn cold_load(what: &str, path: &Path, session: SessionId, runs: usize) -> (Durat
     }
     times.sort();
     (times[times.len() / 2], peak as f64 / (1024.0 * 1024.0))
+}
+
+/// Runs `f` while a thread of this process spins on one core (started before `f`, stopped after
+/// it), so the fresh processes `f` starts compete with it for the machine's cores.
+fn with_busy_core<T>(f: impl FnOnce() -> T) -> T {
+    let stop = AtomicBool::new(false);
+    let started = Barrier::new(2);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            started.wait();
+            // Arithmetic the optimizer cannot drop, checking the flag every few thousand steps.
+            let mut x = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..4_096 {
+                    x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) ^ (x >> 29));
+                }
+            }
+            std::hint::black_box(x);
+        });
+        started.wait();
+        let out = f();
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
 }
 
 /// The child side of [`cold_load`]; returns whether this process is such a child.

@@ -211,7 +211,10 @@ fn unpack_body(
 }
 
 /// The packed entries of a format-2 body: the body's own bytes, or decompressed into `packed`.
-fn packed_entries<'a>(body: &'a [u8], packed: &'a mut Vec<u8>) -> std::result::Result<&'a [u8], String> {
+fn packed_entries<'a>(
+    body: &'a [u8],
+    packed: &'a mut Vec<u8>,
+) -> std::result::Result<&'a [u8], String> {
     let (&kind, body) = body.split_first().ok_or("no body")?;
     match kind {
         BODY_PACKED => Ok(body),
@@ -255,7 +258,8 @@ pub(crate) fn open_block<'a>(
     let body = match format {
         BlockFormat::V1 => Body::Canonical(body),
         BlockFormat::V2 => Body::Packed(
-            packed_entries(body, packed).map_err(|reason| corrupt(session, first_seq, count, &reason))?,
+            packed_entries(body, packed)
+                .map_err(|reason| corrupt(session, first_seq, count, &reason))?,
         ),
     };
     Ok((count, digest, body))

@@ -16,7 +16,9 @@
 //! up to the text (equal bytes, and canonical varints make equal bytes mean equal fields), so
 //! unpacking writes every record back byte for byte.
 
-use lineage_log::{Event, LogError, RawRecord, decode_record, put_varint, split_record, take_varint};
+use lineage_log::{
+    Event, LogError, RawRecord, decode_record, put_varint, split_record, take_varint,
+};
 
 /// The tag of `assistant/chunk`, the only kind that forms runs.
 const CHUNK_TAG: u32 = 6;
@@ -193,7 +195,8 @@ pub(crate) fn walk<E>(
     let mut len_bytes = [0u8; 10];
     while !rest.is_empty() {
         let entry = count;
-        let bad = |what: &str| WalkError::Packing(format!("packed entry at record {entry}: {what}"));
+        let bad =
+            |what: &str| WalkError::Packing(format!("packed entry at record {entry}: {what}"));
         let (len, after) = take_varint(rest).ok_or_else(|| bad("bad length"))?;
         let len = usize::try_from(len)
             .ok()
@@ -234,7 +237,9 @@ pub(crate) fn walk<E>(
         }
         let mut texts = lens;
         for _ in 0..members {
-            texts = take_varint(texts).ok_or_else(|| bad("bad member length"))?.1;
+            texts = take_varint(texts)
+                .ok_or_else(|| bad("bad member length"))?
+                .1;
         }
         let mut dts = columns;
         let mut time_ms = time_ms;
@@ -558,39 +563,44 @@ mod tests {
     }
 
     /// Logs of chunk deltas with random turn, step, index, variant and text sequences, at random
-    /// times: increasing, going back, arbitrary, or at the extremes of i64.
+    /// times: increasing, going back, arbitrary, or at the extremes of i64. Most records keep the
+    /// fields of the one before (a new text), so runs of every length form, and break on every
+    /// field.
     fn arb_chunk_log() -> impl Strategy<Value = Vec<Event>> {
         let time = prop_oneof![
-            3 => (-50i64..200).prop_map(|dt| (0u8, dt)),
-            1 => any::<i64>().prop_map(|t| (1u8, t)),
-            1 => (0..EXTREME_TIMES.len()).prop_map(|i| (1u8, EXTREME_TIMES[i])),
+            3 => (-50i64..200).prop_map(|dt| (false, dt)),
+            1 => any::<i64>().prop_map(|t| (true, t)),
+            1 => (0..EXTREME_TIMES.len()).prop_map(|i| (true, EXTREME_TIMES[i])),
         ];
         let start = prop_oneof![
             Just(1_767_225_600_000i64),
             any::<i64>(),
             (0..EXTREME_TIMES.len()).prop_map(|i| EXTREME_TIMES[i]),
         ];
-        (start, vec((any::<[u8; 6]>(), time), 0..80)).prop_map(|(start, picks)| {
+        let pick = (any::<[u8; 6]>(), 0u8..10, time);
+        (start, vec(pick, 0..80)).prop_map(|(start, picks)| {
             let mut now = start;
+            let mut fields = [0u8; 6];
             picks
                 .into_iter()
                 .enumerate()
-                .map(|(seq, (sel, (absolute, t)))| {
-                    now = if absolute == 1 {
-                        t
+                .map(|(seq, (sel, keep, (absolute, t)))| {
+                    if seq == 0 || keep >= 7 {
+                        fields = sel;
                     } else {
-                        now.wrapping_add(t)
-                    };
-                    Event::new(seq as u64, now, chunk_body(sel))
+                        fields[4] = sel[4];
+                    }
+                    now = if absolute { t } else { now.wrapping_add(t) };
+                    Event::new(seq as u64, now, chunk_body(fields))
                 })
                 .collect()
         })
     }
 
-    /// Record-shaped byte strings `pack` accepts that no writer produces: any tag, flags without
-    /// bit 1 (reserved bits and ignorable chunks included), any time, and payloads that look like
-    /// chunk deltas but may not be (a text length off by one, a non-canonical varint, a name
-    /// option of 2, trailing bytes).
+    /// Record-shaped byte strings `pack` accepts that no writer produces, among the records of a
+    /// chunk log, with how many records there are: any tag, flags without bit 1 (reserved bits and
+    /// ignorable chunks included), any time, and payloads that look like chunk deltas but may not
+    /// be (a text length off by one, a non-canonical varint, a name option of 2, trailing bytes).
     fn arb_odd_records() -> impl Strategy<Value = (Vec<u8>, usize)> {
         let tag = prop_oneof![4 => Just(6u32), 1 => any::<u32>(), 1 => 1u32..16];
         let flags = prop_oneof![4 => Just(0u8), 1 => Just(1u8), 1 => any::<u8>().prop_map(|f| f & !FLAG_RUN)];
@@ -598,7 +608,15 @@ mod tests {
             vec(any::<u8>(), 0..24),
             (any::<[u8; 6]>(), 0u8..6, vec(any::<u8>(), 0..3)).prop_map(|(sel, damage, extra)| {
                 let mut payload = Vec::new();
-                let body = chunk_body([sel[0] % 10, sel[1], sel[2], sel[3], sel[4], sel[5]]);
+                // Turn, step, index and call from two values each, so neighbours often share a head.
+                let body = chunk_body([
+                    sel[0] % 10,
+                    sel[1] % 2,
+                    sel[2] % 2,
+                    sel[3] % 2,
+                    sel[4],
+                    sel[5] % 2,
+                ]);
                 let event = Event::new(0, 0, body);
                 let record = lineage_log::encode_record(&event);
                 let (raw, _) = split_record(&record, 0).expect("a record");
@@ -616,12 +634,18 @@ mod tests {
                 payload
             }),
         ];
-        vec((tag, flags, any::<i64>(), payload), 0..40).prop_map(|records| {
+        let odd = (tag, flags, any::<i64>(), payload).prop_map(|(tag, flags, time, payload)| {
             let mut out = Vec::new();
-            for (tag, flags, time, payload) in &records {
-                frame(*tag, *flags, *time, payload, &mut out);
+            frame(tag, flags, time, &payload, &mut out);
+            out
+        });
+        // Odd records among the records of a chunk log, next to its runs and inside them.
+        (arb_chunk_log(), vec((any::<Index>(), odd), 0..12)).prop_map(|(events, odd)| {
+            let mut list: Vec<Vec<u8>> = events.iter().map(lineage_log::encode_record).collect();
+            for (at, record) in odd {
+                list.insert(at.index(list.len() + 1), record);
             }
-            (out, records.len())
+            (list.concat(), list.len())
         })
     }
 

@@ -1281,7 +1281,7 @@ pub(crate) fn upgrade(
         reason: format!("cannot connect: {e}"),
     })?);
     let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
-    let outcome = on!(shared, &client, |c| {
+    on!(shared, &client, |c| {
         c.batch_execute("BEGIN").await.map_err(|e| storage(pg_error(e)))?;
         let work = async {
             let pg = |e: tokio_postgres::Error| storage(pg_error(e));
@@ -1408,6 +1408,5 @@ pub(crate) fn upgrade(
             }
         }
     })
-    .map_err(storage)?;
-    outcome
+    .map_err(storage)?
 }

@@ -253,7 +253,8 @@ fn decode<'a>(
 ) -> Result<Out<'a>> {
     let mut packed = Vec::new();
     for stored in blocks {
-        let (_, _, body) = open_block(format, session, stored.first_seq, stored.bytes, &mut packed)?;
+        let (_, _, body) =
+            open_block(format, session, stored.first_seq, stored.bytes, &mut packed)?;
         decode_body(session, stored, body, &mut out)?;
     }
     Ok(out)
@@ -300,7 +301,10 @@ fn decode_body(
         return Err(damaged(
             session,
             stored,
-            format!("header counts {} records, the block holds {held}", stored.count),
+            format!(
+                "header counts {} records, the block holds {held}",
+                stored.count
+            ),
         ));
     }
     Ok(())

@@ -310,8 +310,10 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         }
     }
     let _gone = Gone(&queue);
-    // Each session's open run, and how well records compress: only this thread touches them.
-    let mut open_runs: HashMap<SessionId, OpenRun> = HashMap::new();
+    // Each session's open run (with the round that last wrote it), and how well records compress:
+    // only this thread touches them.
+    let mut open_runs: HashMap<SessionId, (u64, OpenRun)> = HashMap::new();
+    let mut round = 0u64;
     let mut ratio = Ratio::default();
     loop {
         let mut state = queue.lock();
@@ -346,6 +348,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                 .unwrap_or_else(|p| p.into_inner());
         }
         let watermark = state.next_ticket;
+        round += 1;
         let mut jobs = Vec::new();
         let taken = &mut *state;
         for (session, tail) in taken.tails.iter_mut() {
@@ -372,7 +375,10 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
 
         let (writes, mut opened): (Vec<SessionWrite>, Vec<Option<OpenRun>>) = jobs
             .iter()
-            .map(|job| job.write(&options, open_runs.get(&job.session), &mut ratio))
+            .map(|job| {
+                let open = open_runs.get(&job.session).map(|(_, open)| open);
+                job.write(&options, open, &mut ratio)
+            })
             .unzip();
         let result = engine.commit(&writes, &deletions);
         drop(writes);
@@ -395,7 +401,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                     let why = match written {
                         Written::Applied => {
                             if let Some(open) = open {
-                                open_runs.insert(job.session, open);
+                                keep_open(&mut open_runs, job.session, round, open);
                             }
                             if let Some(tail) = state.tails.get_mut(&job.session) {
                                 tail.revision = job.revision;
@@ -464,6 +470,28 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
             }
         }
         queue.wake_waiters.notify_all();
+    }
+}
+
+/// The most open runs the writer keeps: each holds up to a block's records in memory. A session
+/// whose run is dropped keeps its small blocks as they are.
+const MAX_OPEN_RUNS: usize = 1024;
+
+/// Keeps `session`'s open run, dropping the least recently written one beyond [`MAX_OPEN_RUNS`].
+fn keep_open(
+    open_runs: &mut HashMap<SessionId, (u64, OpenRun)>,
+    session: SessionId,
+    round: u64,
+    open: OpenRun,
+) {
+    open_runs.insert(session, (round, open));
+    if open_runs.len() > MAX_OPEN_RUNS
+        && let Some(oldest) = open_runs
+            .iter()
+            .min_by_key(|(_, (written, _))| *written)
+            .map(|(session, _)| *session)
+    {
+        open_runs.remove(&oldest);
     }
 }
 

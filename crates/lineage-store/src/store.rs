@@ -443,6 +443,7 @@ impl Store {
             {
                 create::create(&path, cache, backend)?;
             }
+            refuse_older_format(&path)?;
             let opener = {
                 let path = path.clone();
                 move || {
@@ -1337,6 +1338,25 @@ pub(crate) fn check_store_version(shown: &str, version: u32) -> Result<BlockForm
             found: version,
             supported,
         })
+    }
+}
+
+/// Refuses a store file of an older layout before it is opened for writing: the storage engine's
+/// writable open would rewrite its header, and the file must stay as its writer left it. A file
+/// the engine cannot open read-only as it is (new, empty, awaiting recovery, not a store) is left
+/// to the writable open, which reports it (or recovers it and checks its meta).
+fn refuse_older_format(path: &Path) -> Result<()> {
+    let Ok(db) = builder(DEFAULT_CACHE_BYTES).open_read_only(path) else {
+        return Ok(());
+    };
+    let found = db
+        .begin_read()
+        .ok()
+        .and_then(|txn| check_meta(&txn, path).ok().flatten());
+    drop(db);
+    match found {
+        Some((_, format)) => writable_format(&path.display().to_string(), format),
+        None => Ok(()),
     }
 }
 

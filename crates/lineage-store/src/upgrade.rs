@@ -116,12 +116,11 @@ fn relayout(session: SessionId, blocks: Vec<(u64, Vec<u8>)>) -> Result<Vec<(u64,
 }
 
 fn upgrade_file(path: &Path) -> Result<Upgraded> {
-    if let Err(error) = std::fs::metadata(path) {
-        return Err(StoreError::NotAStore {
-            path: path.to_owned(),
-            reason: format!("cannot read it: {error}"),
-        });
-    }
+    // The file a symbolic link names is the store: it is rewritten beside itself, not the link.
+    let path = &std::fs::canonicalize(path).map_err(|error| StoreError::NotAStore {
+        path: path.to_owned(),
+        reason: format!("cannot read it: {error}"),
+    })?;
     // The old file's writer lock, held until the new file has replaced it.
     let old = Arc::new(
         builder(DEFAULT_CACHE_BYTES)
@@ -165,6 +164,10 @@ fn upgrade_file(path: &Path) -> Result<Upgraded> {
         let destination = Store::open(&temporary)?;
         let copied = source.copy_into(&destination)?;
         destination.close()?;
+        // The new file is the store: it keeps the old one's permissions (session logs are often
+        // private to their owner).
+        let permissions = std::fs::metadata(path).map_err(io)?.permissions();
+        std::fs::set_permissions(&temporary, permissions).map_err(io)?;
         std::fs::File::open(&temporary)
             .and_then(|file| file.sync_all())
             .map_err(io)?;

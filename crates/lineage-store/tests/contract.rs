@@ -1294,7 +1294,11 @@ fn small_commits_are_rewritten_into_full_blocks() {
         store.append(id, &log[at..end]).unwrap();
         at = end;
         if i % 7 == 0 {
-            assert_eq!(store.read_from(id, 0).unwrap(), log[..at], "after {at} events");
+            assert_eq!(
+                store.read_from(id, 0).unwrap(),
+                log[..at],
+                "after {at} events"
+            );
         }
     }
     assert_eq!(store.load(id).unwrap().events, log);

@@ -467,7 +467,9 @@ fn format1_database(golden: &std::path::Path) -> String {
         let (id, row) = entry.unwrap();
         let id = uuid::Uuid::from_u128(id.value());
         let row = row.value();
-        let next_seq = postcard::from_bytes::<RawSessionRecord>(row).unwrap().next_seq;
+        let next_seq = postcard::from_bytes::<RawSessionRecord>(row)
+            .unwrap()
+            .next_seq;
         sql.push(format!(
             "INSERT INTO lineage_sessions (id, next_seq, row) VALUES ('{id}', {next_seq}, {})",
             bytea(row)
@@ -547,7 +549,12 @@ fn a_format1_database_upgrades_to_what_the_file_upgrade_makes() {
 
     let upgraded = Store::upgrade(&url).unwrap();
     assert_eq!(
-        (upgraded.from, upgraded.to, upgraded.sessions, upgraded.events),
+        (
+            upgraded.from,
+            upgraded.to,
+            upgraded.sessions,
+            upgraded.events
+        ),
         (1, STORE_FORMAT_VERSION, 3, 6057)
     );
     let after = Store::open(&url).unwrap();

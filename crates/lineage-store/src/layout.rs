@@ -239,6 +239,11 @@ fn packed_entries<'a>(
     }
 }
 
+/// Whether a stored block's body is compressed: opening it decompresses into the caller's buffer.
+pub(crate) fn is_compressed(format: BlockFormat, bytes: &[u8]) -> bool {
+    format == BlockFormat::V2 && bytes.get(BLOCK_HEADER_LEN) == Some(&BODY_LZ4)
+}
+
 /// A stored block's records as they are kept: canonical (format 1) or packed (format 2).
 pub(crate) enum Body<'a> {
     Canonical(&'a [u8]),

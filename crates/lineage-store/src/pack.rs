@@ -17,7 +17,8 @@
 //! unpacking writes every record back byte for byte.
 
 use lineage_log::{
-    Event, LogError, RawRecord, decode_record, put_varint, split_record, take_varint,
+    AssistantChunk, Event, LogError, RawRecord, StreamChunk, Text, decode_record, put_varint,
+    split_record, take_varint,
 };
 
 /// The tag of `assistant/chunk`, the only kind that forms runs.
@@ -257,7 +258,7 @@ pub(crate) fn walk<E>(
                 .ok_or_else(|| bad("a member's text runs past the run"))?;
             let (text, after) = texts.split_at(len);
             texts = after;
-            let len_len = put_varint_into(&mut len_bytes, len as u64);
+            let len_len = varint_into(&mut len_bytes, len as u64);
             let record = Unpacked {
                 tag,
                 flags: 0,
@@ -278,9 +279,8 @@ pub(crate) fn walk<E>(
 /// Unpacks `packed` into canonical records appended to `out`, and returns how many there were.
 /// Damage is reported as a reason; the caller names the block.
 pub(crate) fn unpack(packed: &[u8], out: &mut Vec<u8>) -> Result<u64, String> {
-    let mut frame = Vec::with_capacity(24);
     walk(packed, |_, record| {
-        put_record(out, &mut frame, &record);
+        put_record(out, &record);
         Ok::<(), std::convert::Infallible>(())
     })
     .map_err(|e| match e {
@@ -297,22 +297,40 @@ pub(crate) fn decode(
     mut emit: impl FnMut(Event),
 ) -> Result<u64, WalkError<LogError>> {
     let mut scratch = Vec::with_capacity(64);
+    // The fields of the run being decoded, parsed once for all its members.
+    let mut run: Option<(*const u8, Option<TextRun>)> = None;
     walk(packed, |i, record| {
         let seq = first_seq.saturating_add(i);
+        let [head, len, text] = record.payload;
+        if !len.is_empty() {
+            let fields = match run {
+                Some((at, fields)) if at == head.as_ptr() => fields,
+                _ => {
+                    let fields = TextRun::parse(head);
+                    run = Some((head.as_ptr(), fields));
+                    fields
+                }
+            };
+            if let Some(fields) = fields
+                && let Ok(text) = std::str::from_utf8(text)
+            {
+                emit(fields.event(seq, record.time_ms, text));
+                return Ok(());
+            }
+        }
         let tag = u32::try_from(record.tag).map_err(|_| LogError::Corrupt {
             seq,
             reason: "record tag overflows".into(),
         })?;
         // A run member's payload is in three parts: join them.
-        let payload = match record.payload {
-            [whole, [], []] => whole,
-            parts => {
-                scratch.clear();
-                for part in parts {
-                    scratch.extend_from_slice(part);
-                }
-                &scratch[..]
+        let payload = if len.is_empty() {
+            head
+        } else {
+            scratch.clear();
+            for part in record.payload {
+                scratch.extend_from_slice(part);
             }
+            &scratch[..]
         };
         let raw = RawRecord {
             bytes: &[],
@@ -326,22 +344,72 @@ pub(crate) fn decode(
     })
 }
 
+/// The fields a run of text or reasoning deltas shares, parsed once for all its members. (A
+/// tool-call run, or fields out of range, decode member by member as records.)
+#[derive(Clone, Copy)]
+struct TextRun {
+    turn: u32,
+    step: u32,
+    reasoning: bool,
+    index: u32,
+}
+
+impl TextRun {
+    fn parse(head: &[u8]) -> Option<TextRun> {
+        let (turn, rest) = take_varint(head)?;
+        let (step, rest) = take_varint(rest)?;
+        let (&variant, rest) = rest.split_first()?;
+        let (index, rest) = take_varint(rest)?;
+        if !rest.is_empty() || !(1..=2).contains(&variant) {
+            return None;
+        }
+        Some(TextRun {
+            turn: u32::try_from(turn).ok()?,
+            step: u32::try_from(step).ok()?,
+            reasoning: variant == 2,
+            index: u32::try_from(index).ok()?,
+        })
+    }
+
+    fn event(self, seq: u64, time_ms: i64, text: &str) -> Event {
+        let (index, text) = (self.index, Text::from(text));
+        let chunk = if self.reasoning {
+            StreamChunk::ReasoningDelta { index, text }
+        } else {
+            StreamChunk::TextDelta { index, text }
+        };
+        Event::new(
+            seq,
+            time_ms,
+            AssistantChunk {
+                turn: self.turn,
+                step: self.step,
+                chunk,
+            },
+        )
+    }
+}
+
 /// Writes a canonical record `len ‖ tag ‖ flags ‖ zigzag(time) ‖ payload`.
-fn put_record(out: &mut Vec<u8>, frame: &mut Vec<u8>, record: &Unpacked<'_>) {
-    frame.clear();
-    put_varint(frame, record.tag);
-    frame.push(record.flags);
-    put_varint(frame, zigzag(record.time_ms));
-    let len = frame.len() + record.payload.iter().map(|p| p.len()).sum::<usize>();
-    put_varint(out, len as u64);
-    out.extend_from_slice(frame);
+fn put_record(out: &mut Vec<u8>, record: &Unpacked<'_>) {
+    let mut frame = [0u8; 21];
+    let mut n = varint_into(&mut frame, record.tag);
+    frame[n] = record.flags;
+    n += 1;
+    n += varint_into(&mut frame[n..], zigzag(record.time_ms));
+    let len = n + record.payload.iter().map(|p| p.len()).sum::<usize>();
+    let mut prefix = [0u8; 10];
+    let prefix_len = varint_into(&mut prefix, len as u64);
+    out.reserve(prefix_len + len);
+    out.extend_from_slice(&prefix[..prefix_len]);
+    out.extend_from_slice(&frame[..n]);
     for part in record.payload {
         out.extend_from_slice(part);
     }
 }
 
-/// Writes `v` as a varint into `buf`, returning its length.
-fn put_varint_into(buf: &mut [u8; 10], mut v: u64) -> usize {
+/// Writes `v` as a varint at the start of `buf` (room for ten bytes), returning its length.
+fn varint_into(buf: &mut [u8], mut v: u64) -> usize {
     let mut i = 0;
     while v >= 0x80 {
         buf[i] = (v as u8) | 0x80;
@@ -700,6 +768,30 @@ mod tests {
         #[test]
         fn chunk_logs_pack_losslessly(events in arb_chunk_log()) {
             assert_lossless(&records(&events), events.len())?;
+        }
+
+        /// Decoding a packed body gives the events its canonical records decode to, record for
+        /// record, for valid logs and for logs of chunk deltas (whose runs decode member by
+        /// member).
+        #[test]
+        fn packed_bodies_decode_as_their_records(
+            valid in arb_valid_log(6),
+            chunks in arb_chunk_log(),
+            first_seq in 0u64..1_000,
+        ) {
+            for events in [valid, chunks] {
+                let canonical = records(&events);
+                let mut packed = Vec::new();
+                pack(&canonical, &mut packed).map_err(TestCaseError::fail)?;
+                let mut expected = Vec::new();
+                lineage_log::decode_records(&canonical, first_seq, &mut expected)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let mut decoded = Vec::new();
+                let count = decode(&packed, first_seq, |event| decoded.push(event))
+                    .map_err(|_| TestCaseError::fail("the packed body decodes"))?;
+                prop_assert_eq!(count, events.len() as u64);
+                prop_assert_eq!(decoded, expected);
+            }
         }
 
         /// Packing is lossless for every record-shaped input it accepts, not only for records a

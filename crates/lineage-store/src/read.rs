@@ -3,9 +3,10 @@
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
 
 use crate::engine::View;
-use crate::layout::{Block, BlockFormat, Body, SessionRecord, open_block};
+use crate::layout::{Block, BlockFormat, Body, SessionRecord, is_compressed, open_block};
 use crate::pack::WalkError;
 use crate::{Result, StoreError};
+use std::sync::mpsc::{Receiver, Sender};
 
 /// A session as stored: its row, every event, and the digest and structure after the last one.
 pub(crate) struct StoredLog {
@@ -99,9 +100,19 @@ pub(crate) fn read_log(
         (Out::Grow(Vec::new()), Out::Grow(Vec::new()))
     };
     let (chain, early_done, late_done) = std::thread::scope(|scope| {
-        let helper =
-            (!late.is_empty()).then(|| scope.spawn(|| decode(format, session, late, late_out)));
-        let (chain, early_done) = hash_and_decode(format, session, &blocks, early.len(), early_out);
+        // The helper hands the blocks it decompressed on to this thread, which hashes them.
+        let (handoff, decompressed) = std::sync::mpsc::channel();
+        let helper = (!late.is_empty())
+            .then(|| scope.spawn(|| decode(format, session, late, late_out, handoff)));
+        let late_bodies = helper.is_some().then_some(decompressed);
+        let (chain, early_done) = hash_and_decode(
+            format,
+            session,
+            &blocks,
+            early.len(),
+            early_out,
+            late_bodies,
+        );
         let late_done = helper.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
         (chain, early_done, late_done)
     });
@@ -202,23 +213,40 @@ impl Out<'_> {
 
 /// Feeds every block through one running hasher, checking each stored digest, and decodes the
 /// first `decode` blocks into `out` on the way. The first decode error is kept while the hashing
-/// goes on: damage found by a digest outranks it.
+/// goes on: damage found by a digest outranks it. The later blocks' decompressed bodies come from
+/// `late_bodies` (`None` for a block that was not compressed) while the helper sends them.
 fn hash_and_decode<'a>(
     format: BlockFormat,
     session: SessionId,
     blocks: &[Stored<'_>],
     decode: usize,
     out: Out<'a>,
+    mut late_bodies: Option<Receiver<Option<Vec<u8>>>>,
 ) -> (Result<Chain>, Result<Out<'a>>) {
     let mut chain = Chain::new();
     let (mut packed, mut canonical) = (Vec::new(), Vec::new());
     let mut out = Ok(out);
     for (i, stored) in blocks.iter().enumerate() {
-        let (_, digest, body) =
-            match open_block(format, session, stored.first_seq, stored.bytes, &mut packed) {
-                Ok(opened) => opened,
-                Err(e) => return (Err(e), out),
-            };
+        let handed = match &late_bodies {
+            Some(bodies) if i >= decode => match bodies.recv() {
+                Ok(body) => body,
+                // The helper stopped (at damage it found): open the rest here.
+                Err(_) => {
+                    late_bodies = None;
+                    None
+                }
+            },
+            _ => None,
+        };
+        let opened = match &handed {
+            Some(entries) => Block::header(session, stored.first_seq, stored.bytes)
+                .map(|(count, digest, _)| (count, digest, Body::Packed(entries))),
+            None => open_block(format, session, stored.first_seq, stored.bytes, &mut packed),
+        };
+        let (_, digest, body) = match opened {
+            Ok(opened) => opened,
+            Err(e) => return (Err(e), out),
+        };
         let records = match body {
             Body::Canonical(records) => records,
             Body::Packed(entries) => {
@@ -244,18 +272,23 @@ fn hash_and_decode<'a>(
     (Ok(chain), out)
 }
 
-/// Opens and decodes `blocks` into `out`.
+/// Opens and decodes `blocks` into `out`, handing each decompressed body on to `handoff` (and
+/// `None` for a body that was not compressed).
 fn decode<'a>(
     format: BlockFormat,
     session: SessionId,
     blocks: &[Stored<'_>],
     mut out: Out<'a>,
+    handoff: Sender<Option<Vec<u8>>>,
 ) -> Result<Out<'a>> {
     let mut packed = Vec::new();
     for stored in blocks {
+        let compressed = is_compressed(format, stored.bytes);
         let (_, _, body) =
             open_block(format, session, stored.first_seq, stored.bytes, &mut packed)?;
         decode_body(session, stored, body, &mut out)?;
+        // The hashing thread may have stopped at damage: then nobody takes the body.
+        let _ = handoff.send(compressed.then(|| std::mem::take(&mut packed)));
     }
     Ok(out)
 }

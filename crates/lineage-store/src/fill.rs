@@ -208,7 +208,9 @@ fn cut(
             );
             value
         };
-        let mut end = fit(ratio.raw(limit));
+        // Aim a little under the limit, so that an estimate a few percent off still fits and the
+        // block is encoded once.
+        let mut end = fit(ratio.raw(limit * 96 / 100));
         let mut value = encode(end);
         // One step up when the estimate left much of the block empty.
         if value.len() < limit * FULL_PERCENT / 100 && end < ends.len().min(start + max_events) {

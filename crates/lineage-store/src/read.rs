@@ -324,7 +324,7 @@ fn decode_body(
             }
         }
         Body::Packed(entries) => {
-            crate::pack::decode(entries, stored.first_seq, &mut put).map_err(|e| match e {
+            crate::pack::decode(entries, stored.first_seq, 0, &mut put).map_err(|e| match e {
                 WalkError::Packing(reason) => damaged(session, stored, reason),
                 WalkError::Visit(e) => StoreError::from_log(session, e),
             })?;
@@ -364,15 +364,41 @@ pub(crate) fn read_from(
     }
     let start = view.block_start(session, from)?;
     let mut events = Vec::with_capacity((record.next_seq - from).min(1 << 20) as usize);
+    let mut packed = Vec::new();
     for block in view.blocks(session, start)? {
         let (first_seq, value) = block?;
-        let block = Block::parse(format, session, first_seq, &value)?;
-        for item in Records::new(&block.records, first_seq) {
-            let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-            if seq >= from {
-                events
-                    .push(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+        let (count, _, body) = open_block(format, session, first_seq, &value, &mut packed)?;
+        let stored = Stored {
+            first_seq,
+            count,
+            bytes: &value,
+        };
+        // Records before `from` are split (or walked) but not decoded.
+        let held = match body {
+            Body::Canonical(records) => {
+                let mut held = 0;
+                for item in Records::new(records, first_seq) {
+                    let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
+                    if seq >= from {
+                        let event = decode_record(seq, &raw);
+                        events.push(event.map_err(|e| StoreError::from_log(session, e))?);
+                    }
+                    held += 1;
+                }
+                held
             }
+            Body::Packed(entries) => {
+                crate::pack::decode(entries, first_seq, from, |event| events.push(event)).map_err(
+                    |e| match e {
+                        WalkError::Packing(reason) => damaged(session, &stored, reason),
+                        WalkError::Visit(e) => StoreError::from_log(session, e),
+                    },
+                )?
+            }
+        };
+        if held != u64::from(count) {
+            let reason = format!("header counts {count} records, the block holds {held}");
+            return Err(damaged(session, &stored, reason));
         }
     }
     Ok(events)

@@ -198,8 +198,8 @@ impl Writable {
     /// The storage engine reuses the pages a commit frees only where a later value fits them, so a
     /// file whose writer rewrote its small blocks holds free space; compacting moves the last
     /// pages into it and truncates the file (milliseconds for a 50 MB file, but two durable
-    /// commits, so only when a quarter of the file or more is free). It needs the only handle and
-    /// no live read: otherwise the file stays as it is.
+    /// commits, so only when a quarter of the file, and a mebibyte, or more is free). It needs the
+    /// only handle and no live read: otherwise the file stays as it is.
     pub fn release(&self) -> Option<String> {
         let old = self
             .current
@@ -254,7 +254,7 @@ impl Writable {
     }
 }
 
-/// Whether a quarter or more of the file is free or unused.
+/// Whether a quarter or more of the file, and at least a mebibyte, is free or unused.
 fn worth_compacting(db: &Database) -> bool {
     let Ok(txn) = db.begin_write() else {
         return false;
@@ -263,7 +263,8 @@ fn worth_compacting(db: &Database) -> bool {
     let _ = txn.abort();
     stats.is_ok_and(|stats| {
         let used = stats.allocated_pages() * stats.page_size() as u64;
-        stats.fragmented_bytes() * 4 >= used
+        let free = stats.fragmented_bytes();
+        free >= 1 << 20 && free * 4 >= used
     })
 }
 

@@ -810,7 +810,12 @@ fn a_store_in_a_newer_format_is_refused() {
                 redb::TableDefinition::new("lineage/meta");
             txn.open_table(meta)
                 .unwrap()
-                .insert("format_version", 2u32.to_le_bytes().as_slice())
+                .insert(
+                    "format_version",
+                    (lineage_store::STORE_FORMAT_VERSION + 1)
+                        .to_le_bytes()
+                        .as_slice(),
+                )
                 .unwrap();
         }
         txn.commit().unwrap();

@@ -56,7 +56,8 @@ impl Store {
     /// The store must not be open for writing elsewhere ([`StoreError::AlreadyOpen`]); readers
     /// that hold the old file keep reading it as it was. `path` may be a `postgres://` URL: the
     /// database's store is rewritten in one transaction, refused while a host holds a lease on
-    /// one of its sessions.
+    /// one of its sessions (stop the older build's hosts first: they checked the format when they
+    /// opened the store, not at each write).
     pub fn upgrade(path: impl AsRef<Path>) -> Result<Upgraded> {
         let path = path.as_ref();
         if let Some(url) = path.to_str().filter(|p| crate::engine::is_url(p)) {

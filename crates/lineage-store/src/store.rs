@@ -262,9 +262,12 @@ fn worth_compacting(db: &Database) -> bool {
     let stats = txn.stats();
     let _ = txn.abort();
     stats.is_ok_and(|stats| {
-        let used = stats.allocated_pages() * stats.page_size() as u64;
+        // A damaged file can report anything: the arithmetic saturates.
+        let used = stats
+            .allocated_pages()
+            .saturating_mul(stats.page_size() as u64);
         let free = stats.fragmented_bytes();
-        free >= 1 << 20 && free * 4 >= used
+        free >= 1 << 20 && free.saturating_mul(4) >= used
     })
 }
 

@@ -1,12 +1,13 @@
 //! Reading sessions back: one range scan over a session's blocks.
 
+use std::sync::mpsc::{Receiver, Sender};
+
 use lineage_log::{Chain, Event, Records, SessionId, Structure, decode_record};
 
 use crate::engine::View;
 use crate::layout::{Block, BlockFormat, Body, SessionRecord, is_compressed, open_block};
 use crate::pack::WalkError;
 use crate::{Result, StoreError};
-use std::sync::mpsc::{Receiver, Sender};
 
 /// A session as stored: its row, every event, and the digest and structure after the last one.
 pub(crate) struct StoredLog {

@@ -12,25 +12,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{run, s};
-use lineage_log::{Chain, Digest, Encoder, Event, Header, SessionId};
+use lineage_log::{Event, Header, SessionId};
 use lineage_store::{SessionInfo, Store, StoreError};
+use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{SplitMix64, realistic_session};
 use redb::{ReadableDatabase, TableDefinition};
-
-/// The golden format-1 store `name` (`schema/golden/store-v1`).
-fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../schema/golden/store-v1")
-        .join(name)
-}
-
-/// A copy of the golden store `name` in a fresh directory.
-fn golden_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(name);
-    std::fs::copy(golden(name), &path).expect("the golden store copies");
-    (dir, path)
-}
 
 /// The golden sessions `…a1`, `…b2` and `…c3`.
 const A1: &str = "019b76da-a800-7000-8000-0000000000a1";
@@ -186,81 +172,6 @@ fn a_format_1_store_is_read_only_until_upgraded() {
     run(&["verify", p]).ok();
 }
 
-/// A session's row as the store writes it (postcard of these fields in this order).
-#[derive(serde::Serialize)]
-struct Row<'a> {
-    header: &'a Header,
-    next_seq: u64,
-    head: Digest,
-    revision: u64,
-}
-
-/// Writes a store in store format 1 at `path` (which must not exist) holding `sessions`, with redb
-/// directly (`schema/FORMAT.md` §4.4, §6): `meta` with the magic, `format_version` 1 (u32 LE) and a
-/// store id; each session's blocks of canonical records back to back, cut at 512 records or 32,256
-/// record bytes as the format-1 writer cut them, each headed by its count (u32 LE) and the running
-/// digest at its last record; its row (revision: one per block). Top-level sessions only. (The
-/// store id is a fresh UUIDv7, minted as a session id is.)
-fn write_format1_store(path: &Path, sessions: &[(Header, Vec<Event>)]) {
-    assert!(!path.exists());
-    let meta: TableDefinition<&str, &[u8]> = TableDefinition::new("lineage/meta");
-    let rows: TableDefinition<u128, &[u8]> = TableDefinition::new("lineage/sessions");
-    let blocks: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("lineage/events");
-    let children: TableDefinition<(u128, u128), ()> = TableDefinition::new("lineage/children");
-    let db = redb::Database::create(path).unwrap();
-    let txn = db.begin_write().unwrap();
-    {
-        let mut meta = txn.open_table(meta).unwrap();
-        meta.insert("magic", b"lineage store".as_slice()).unwrap();
-        meta.insert("format_version", 1u32.to_le_bytes().as_slice())
-            .unwrap();
-        meta.insert(
-            "store_id",
-            SessionId::new().as_u128().to_be_bytes().as_slice(),
-        )
-        .unwrap();
-        let mut rows = txn.open_table(rows).unwrap();
-        let mut blocks = txn.open_table(blocks).unwrap();
-        txn.open_table(children).unwrap();
-        let mut encoder = Encoder::new();
-        for (header, events) in sessions {
-            assert!(header.parent.is_none() && !events.is_empty());
-            let id = header.id.as_u128();
-            let mut chain = Chain::new();
-            let (mut next, mut revision) = (0, 0);
-            while next < events.len() {
-                let first_seq = next as u64;
-                let (mut records, mut count) = (Vec::new(), 0u32);
-                while count < 512 && next < events.len() {
-                    let mut record = Vec::new();
-                    encoder.encode(&events[next], &mut record);
-                    if count > 0 && records.len() + record.len() > 32_256 {
-                        break;
-                    }
-                    records.extend_from_slice(&record);
-                    count += 1;
-                    next += 1;
-                }
-                chain.update(&records);
-                let mut value = count.to_le_bytes().to_vec();
-                value.extend_from_slice(&chain.digest().0);
-                value.extend_from_slice(&records);
-                blocks.insert((id, first_seq), value.as_slice()).unwrap();
-                revision += 1;
-            }
-            let row = Row {
-                header,
-                next_seq: events.len() as u64,
-                head: chain.digest(),
-                revision,
-            };
-            rows.insert(id, postcard::to_stdvec(&row).unwrap().as_slice())
-                .unwrap();
-        }
-    }
-    txn.commit().unwrap();
-}
-
 /// What a store holds, session by session: its info (header, length, head digest, revision) and
 /// its stored events.
 type Contents = BTreeMap<SessionId, (SessionInfo, Vec<Event>)>;
@@ -354,7 +265,7 @@ fn a_killed_upgrade_leaves_the_old_store_or_the_new_one() {
             (header, realistic_session(n, EVENTS_PER_SESSION))
         })
         .collect();
-    write_format1_store(&original, &sessions);
+    write_store(&original, &sessions);
     let total: usize = sessions.iter().map(|(_, e)| e.len()).sum();
     let expected: Contents = {
         let store = Store::open_read_only(&original).unwrap();

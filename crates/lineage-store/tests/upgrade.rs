@@ -7,34 +7,20 @@
 //!
 //! The stores upgraded are the golden format-1 files the format-1 writer wrote
 //! (`schema/golden/store-v1`) and larger ones this file writes in the format-1 layout with redb
-//! directly ([`write_format1_store`]).
+//! directly (`lineage_testkit::store_v1::write_store`).
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use lineage_log::{
     Event, EventBody, EventKind, ForkSpec, Header, SessionId, SessionMeta, fork_session,
 };
 use lineage_store::{KindStats, Loaded, SessionInfo, Store, StoreError, Upgraded};
+use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{ev, last_turn, realistic_session, running_digests};
-
-/// The golden format-1 store `name`.
-fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../schema/golden/store-v1")
-        .join(name)
-}
-
-/// A copy of the golden store `name` in a fresh directory (the golden files never change).
-fn golden_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(name);
-    std::fs::copy(golden(name), &path).expect("the golden store copies");
-    (dir, path)
-}
 
 /// The golden session `019b76da-a800-7000-8000-0000000000NN`.
 fn golden_id(nn: &str) -> SessionId {
@@ -804,7 +790,7 @@ fn a_large_format_1_store_upgrades_losing_nothing() {
         (forked.header, fork_events.clone()),
         (header(id(4)), open.clone()),
     ];
-    let store_id = write_format1_store(&path, &sessions);
+    let store_id = write_store(&path, &sessions);
 
     let (before, upgraded) = upgrade_losing_nothing(&path);
     assert_eq!(before.store_id, store_id);

@@ -13,7 +13,8 @@
 //! from closures); feature `subagent` adds the delegation harness (module `subagent`: a routing model,
 //! a subagent runtime, a canned provider); feature `loopback` adds the loopback model server
 //! (module `loopback`: a real HTTP server on 127.0.0.1 that answers from a script and records
-//! every request). Library crates take this crate only as a
+//! every request); feature `store-v1` adds stores in store format 1 (module `store_v1`: the golden
+//! files and a writer of the layout). Library crates take this crate only as a
 //! dev-dependency, and it takes them only through these features, so dependencies point one way.
 //!
 //! Everything here is deterministic: the generators draw from [`SplitMix64`] seeded by the caller
@@ -38,6 +39,8 @@ mod random;
 pub mod read;
 mod realistic;
 mod rng;
+#[cfg(feature = "store-v1")]
+pub mod store_v1;
 mod stream;
 #[cfg(feature = "subagent")]
 pub mod subagent;

@@ -339,6 +339,22 @@ struct Shared {
 }
 
 impl Shared {
+    /// The engine's runtime for the database at `url`, and a first connection to it (one that
+    /// cannot be made says the URL names no store).
+    fn start(url: &str) -> Result<(Shared, Arc<Client>)> {
+        let shared = Shared {
+            runtime: Runtime::start().map_err(StoreError::Storage)?,
+            url: url.to_owned(),
+            pool: Arc::default(),
+            writer: Mutex::new(None),
+        };
+        let client = shared.connect_bare().map_err(|e| StoreError::NotAStore {
+            path: redact(url).into(),
+            reason: format!("cannot connect: {e}"),
+        })?;
+        Ok((shared, Arc::new(client)))
+    }
+
     /// A new connection with its statements prepared.
     fn connect(&self) -> std::result::Result<Arc<Conn>, EngineError> {
         let client = self.connect_bare()?;
@@ -469,16 +485,8 @@ impl PgEngine {
     pub fn open(url: &str, read_only: bool) -> Result<(PgEngine, Uuid, BlockFormat)> {
         let shown = redact(url);
         let storage = |e: EngineError| StoreError::Storage(e);
-        let shared = Arc::new(Shared {
-            runtime: Runtime::start().map_err(storage)?,
-            url: url.to_owned(),
-            pool: Arc::default(),
-            writer: Mutex::new(None),
-        });
-        let client = Arc::new(shared.connect_bare().map_err(|e| StoreError::NotAStore {
-            path: shown.clone().into(),
-            reason: format!("cannot connect: {e}"),
-        })?);
+        let (shared, client) = Shared::start(url)?;
+        let shared = Arc::new(shared);
         if !read_only {
             create_tables(&shared, &client).map_err(storage)?;
         }
@@ -490,12 +498,7 @@ impl PgEngine {
             if !exists {
                 return Ok(None);
             }
-            let rows = c.query("SELECT name, value FROM lineage_meta", &[]).await?;
-            Ok(Some(
-                rows.iter()
-                    .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
-                    .collect::<Vec<_>>(),
-            ))
+            Ok(Some(meta_rows(&c).await?))
         })
         .map_err(storage)?
         .map_err(|e| storage(pg_error(e)))?;
@@ -1223,6 +1226,17 @@ fn create_tables(shared: &Shared, client: &Arc<Client>) -> std::result::Result<(
     .map_err(pg_error)
 }
 
+/// The store's meta rows, by name.
+async fn meta_rows(
+    c: &Client,
+) -> std::result::Result<Vec<(String, Vec<u8>)>, tokio_postgres::Error> {
+    let rows = c.query("SELECT name, value FROM lineage_meta", &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
+        .collect())
+}
+
 /// Checks the meta rows as redb's `meta` table is checked: the magic, a format version this
 /// build reads, a store id.
 fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<(Uuid, BlockFormat)> {
@@ -1270,16 +1284,7 @@ pub(crate) fn upgrade(
 ) -> Result<PgUpgraded> {
     let shown = redact(url);
     let storage = |e: EngineError| StoreError::Storage(e);
-    let shared = Shared {
-        runtime: Runtime::start().map_err(storage)?,
-        url: url.to_owned(),
-        pool: Arc::default(),
-        writer: Mutex::new(None),
-    };
-    let client = Arc::new(shared.connect_bare().map_err(|e| StoreError::NotAStore {
-        path: shown.clone().into(),
-        reason: format!("cannot connect: {e}"),
-    })?);
+    let (shared, client) = Shared::start(url)?;
     let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
     on!(shared, &client, |c| {
         c.batch_execute("BEGIN").await.map_err(|e| storage(pg_error(e)))?;
@@ -1304,14 +1309,7 @@ pub(crate) fn upgrade(
             )
             .await
             .map_err(pg)?;
-            let rows = c
-                .query("SELECT name, value FROM lineage_meta", &[])
-                .await
-                .map_err(pg)?;
-            let meta = rows
-                .iter()
-                .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
-                .collect();
+            let meta = meta_rows(&c).await.map_err(pg)?;
             let (_, format) = check_meta(&shown, Some(meta))?;
             let from = match format {
                 BlockFormat::V2 => {

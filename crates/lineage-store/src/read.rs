@@ -265,7 +265,7 @@ fn hash_and_decode<'a>(
         }
         if i < decode
             && let Ok(events) = &mut out
-            && let Err(e) = decode_body(session, stored, body, events)
+            && let Err(e) = decode_body(session, stored, body, 0, events)
         {
             out = Err(e);
         }
@@ -287,7 +287,7 @@ fn decode<'a>(
         let compressed = is_compressed(format, stored.bytes);
         let (_, _, body) =
             open_block(format, session, stored.first_seq, stored.bytes, &mut packed)?;
-        decode_body(session, stored, body, &mut out)?;
+        decode_body(session, stored, body, 0, &mut out)?;
         // The hashing thread may have stopped at damage: then nobody takes the body.
         let _ = handoff.send(compressed.then(|| std::mem::take(&mut packed)));
     }
@@ -304,33 +304,35 @@ fn damaged(session: SessionId, stored: &Stored<'_>, reason: String) -> StoreErro
     }
 }
 
-/// Decodes a block's records into `out`, checking the block's record count.
+/// Decodes a block's records from seq `from` on into `out` (the earlier ones are split, or walked,
+/// but not decoded), checking the block's record count.
 fn decode_body(
     session: SessionId,
     stored: &Stored<'_>,
     body: Body<'_>,
+    from: u64,
     out: &mut Out<'_>,
 ) -> Result<()> {
-    let mut held = 0u64;
     let mut room = true;
-    let mut put = |event: Event| {
-        held += 1;
-        room &= out.put(event);
-    };
-    match body {
+    let mut put = |event: Event| room &= out.put(event);
+    let held = match body {
         Body::Canonical(records) => {
+            let mut held = 0u64;
             for item in Records::new(records, stored.first_seq) {
                 let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-                put(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+                if seq >= from {
+                    put(decode_record(seq, &raw).map_err(|e| StoreError::from_log(session, e))?);
+                }
+                held += 1;
             }
+            held
         }
-        Body::Packed(entries) => {
-            crate::pack::decode(entries, stored.first_seq, 0, &mut put).map_err(|e| match e {
+        Body::Packed(entries) => crate::pack::decode(entries, stored.first_seq, from, &mut put)
+            .map_err(|e| match e {
                 WalkError::Packing(reason) => damaged(session, stored, reason),
                 WalkError::Visit(e) => StoreError::from_log(session, e),
-            })?;
-        }
-    }
+            })?,
+    };
     if !room || held != u64::from(stored.count) {
         return Err(damaged(
             session,
@@ -364,7 +366,9 @@ pub(crate) fn read_from(
         return Ok(Vec::new());
     }
     let start = view.block_start(session, from)?;
-    let mut events = Vec::with_capacity((record.next_seq - from).min(1 << 20) as usize);
+    let mut out = Out::Grow(Vec::with_capacity(
+        (record.next_seq - from).min(1 << 20) as usize
+    ));
     let mut packed = Vec::new();
     for block in view.blocks(session, start)? {
         let (first_seq, value) = block?;
@@ -374,33 +378,10 @@ pub(crate) fn read_from(
             count,
             bytes: &value,
         };
-        // Records before `from` are split (or walked) but not decoded.
-        let held = match body {
-            Body::Canonical(records) => {
-                let mut held = 0;
-                for item in Records::new(records, first_seq) {
-                    let (seq, raw) = item.map_err(|e| StoreError::from_log(session, e))?;
-                    if seq >= from {
-                        let event = decode_record(seq, &raw);
-                        events.push(event.map_err(|e| StoreError::from_log(session, e))?);
-                    }
-                    held += 1;
-                }
-                held
-            }
-            Body::Packed(entries) => {
-                crate::pack::decode(entries, first_seq, from, |event| events.push(event)).map_err(
-                    |e| match e {
-                        WalkError::Packing(reason) => damaged(session, &stored, reason),
-                        WalkError::Visit(e) => StoreError::from_log(session, e),
-                    },
-                )?
-            }
-        };
-        if held != u64::from(count) {
-            let reason = format!("header counts {count} records, the block holds {held}");
-            return Err(damaged(session, &stored, reason));
-        }
+        decode_body(session, &stored, body, from, &mut out)?;
     }
+    let Out::Grow(events) = out else {
+        unreachable!("a tail read collects into a growing vector")
+    };
     Ok(events)
 }

@@ -283,16 +283,56 @@ pub enum StoreError {
         /// Why the latest reopen failed.
         reason: String,
     },
-    /// A group commit failed. Its batches stay queued, in order, and the next flush retries them.
-    #[error("commit failed; the batches stay queued and the next flush retries them: {source}")]
+    /// A group commit failed. Its batches stay queued, in order, and the next flush retries them;
+    /// `not_durable` names what the flush (or append) waited for that is not yet durable.
+    #[error(
+        "commit failed; not yet durable: {}; the batches stay queued and the next flush retries them: {source}",
+        not_durable_phrase(not_durable)
+    )]
     CommitFailed {
         /// What the storage engine said.
         #[source]
         source: EngineError,
+        /// The admitted events the waiting call covered that are not yet durable, by session, in
+        /// session order (empty when the failed round held none of them).
+        not_durable: Vec<NotDurable>,
     },
     /// The storage engine failed ([`EngineError::kind`] says how).
     #[error("storage error: {0}")]
     Storage(EngineError),
+}
+
+/// Admitted events of one session that are not yet durable: what a failed flush names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotDurable {
+    /// The session.
+    pub session: SessionId,
+    /// Their seqs: every admitted event from the first not durable one to the last admitted.
+    pub seqs: std::ops::Range<u64>,
+}
+
+impl std::fmt::Display for NotDurable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "session {} seqs {}..{}",
+            self.session, self.seqs.start, self.seqs.end
+        )
+    }
+}
+
+/// The sessions and seqs of a [`StoreError::CommitFailed`], as its message shows them.
+fn not_durable_phrase(not_durable: &[NotDurable]) -> String {
+    if not_durable.is_empty() {
+        return "nothing this call waited for".into();
+    }
+    let shown: Vec<String> = not_durable.iter().take(8).map(|n| n.to_string()).collect();
+    let more = not_durable.len().saturating_sub(shown.len());
+    if more == 0 {
+        shown.join(", ")
+    } else {
+        format!("{} and {more} more sessions", shown.join(", "))
+    }
 }
 
 /// How an [`StoreError::OwnedSession`] names the owned session.
@@ -361,7 +401,7 @@ impl StoreError {
     /// or a [`StoreError::CommitFailed`]).
     pub fn engine(&self) -> Option<&EngineError> {
         match self {
-            StoreError::Storage(engine) | StoreError::CommitFailed { source: engine } => {
+            StoreError::Storage(engine) | StoreError::CommitFailed { source: engine, .. } => {
                 Some(engine)
             }
             _ => None,
@@ -573,6 +613,7 @@ mod tests {
 
         let commit = StoreError::CommitFailed {
             source: EngineError::io(io::Error::other("injected")),
+            not_durable: Vec::new(),
         };
         assert_eq!(
             commit.engine().map(EngineError::kind),

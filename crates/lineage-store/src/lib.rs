@@ -46,7 +46,7 @@ mod writer;
 pub use copy::Copied;
 pub use delete::{DeleteRule, Deleted};
 pub use engine::{LeaseState, Mail, display_location, is_database_url};
-pub use error::{EngineError, EngineErrorKind, Result, StoreError};
+pub use error::{EngineError, EngineErrorKind, NotDurable, Result, StoreError};
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{

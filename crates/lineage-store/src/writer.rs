@@ -132,6 +132,7 @@ impl Refused {
             },
             Refusal::Failed(source) => StoreError::CommitFailed {
                 source: source.clone(),
+                not_durable: Vec::new(),
             },
         }
     }
@@ -226,6 +227,7 @@ impl Queue {
             {
                 return Err(StoreError::CommitFailed {
                     source: failure.clone(),
+                    not_durable: Vec::new(),
                 });
             }
             if state.writer_gone {
@@ -458,6 +460,7 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                         deletion.id,
                         Err(StoreError::CommitFailed {
                             source: failure.clone(),
+                            not_durable: Vec::new(),
                         }),
                     );
                 }

@@ -417,7 +417,7 @@ fn a_write_the_server_refuses_fails_only_its_sessions_flushes() {
         .unwrap();
     host.admit(calm, &completed_turn(2, len, "short")).unwrap();
     match host.flush(refused) {
-        Err(StoreError::CommitFailed { source }) => {
+        Err(StoreError::CommitFailed { source, .. }) => {
             assert!(source.to_string().contains("small_blocks"), "{source}");
         }
         other => panic!("expected the refusal, got {other:?}"),

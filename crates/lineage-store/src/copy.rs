@@ -76,6 +76,7 @@ impl Store {
                         records: parsed.records.into_owned(),
                         digest: parsed.digest,
                         start,
+                        ticket: 0,
                     });
                 }
                 // Blocks of this build's format are kept as they are; older ones are laid out anew.

@@ -96,6 +96,27 @@ pub(crate) struct SessionWrite {
     pub fence: Option<u64>,
 }
 
+impl SessionWrite {
+    /// This write again, once it is in the store: the same blocks and row at the same keys,
+    /// conditional on the log ending where this write left it. Applying it changes no value.
+    pub fn rewritten(&self) -> SessionWrite {
+        let end = self
+            .blocks
+            .last()
+            .map_or(self.expected, |(first, value)| first + block_count(value));
+        SessionWrite {
+            session: self.session,
+            new: false,
+            parent: self.parent,
+            expected: end,
+            row: self.row.clone(),
+            blocks: self.blocks.clone(),
+            replaced: Vec::new(),
+            fence: self.fence,
+        }
+    }
+}
+
 /// What became of one session's write in a committed round.
 #[derive(Debug)]
 pub(crate) enum Written {
@@ -126,18 +147,52 @@ pub(crate) struct Committed {
     pub deletions: Vec<(u64, Result<Deleted>)>,
 }
 
+/// A round that did not commit, or whose outcome the engine could not learn.
+pub(crate) struct CommitError {
+    pub error: EngineError,
+    /// Set when the failure came at the commit point itself (the durable write, the answer to
+    /// `COMMIT`): the round may be in the store after all, and then it did what this says. `None`
+    /// means nothing of the round was committed.
+    pub in_doubt: Option<Committed>,
+}
+
+impl CommitError {
+    /// A failure before the commit point: nothing was committed.
+    pub fn before(error: EngineError) -> CommitError {
+        CommitError {
+            error,
+            in_doubt: None,
+        }
+    }
+}
+
 /// A storage engine under a [`crate::Store`].
 pub(crate) trait Engine: Send + Sync {
     /// A consistent read view of the latest commit.
     fn view(&self) -> Result<Box<dyn View>>;
 
-    /// Commits `writes` and then `deletions` as one round. `Err` means nothing was committed;
-    /// otherwise every write was applied or refused alone ([`Written`]).
+    /// Commits `writes` and then `deletions` as one round: every write applied or refused alone
+    /// ([`Written`]), the whole round durable when this returns `Ok`. An error says whether
+    /// nothing was committed or the outcome is unknown ([`CommitError::in_doubt`]), which
+    /// [`Engine::resolve`] then settles.
     fn commit(
         &self,
         writes: &[SessionWrite],
         deletions: &[DeleteJob],
-    ) -> std::result::Result<Committed, EngineError>;
+    ) -> std::result::Result<Committed, CommitError>;
+
+    /// Settles a round whose commit is in doubt (`writes`, which would have done `in_doubt`),
+    /// reading back what the store holds: `true` when the round is in the store, and durable
+    /// (an engine that cannot trust a write whose sync failed makes it durable again first);
+    /// `false` when nothing of it is. A round commits whole, so one write found in the store (its
+    /// row, byte for byte) proves the round, as one found where it was expected disproves it; a
+    /// round that changed nothing either way is settled as in the store. An error means the
+    /// store could not be read: the round stays in doubt.
+    fn resolve(
+        &self,
+        writes: &[SessionWrite],
+        in_doubt: &Committed,
+    ) -> std::result::Result<bool, EngineError>;
 
     /// Whether the engine only reads.
     fn read_only(&self) -> bool;
@@ -276,6 +331,41 @@ impl LeaseState {
     pub fn held_by_other(&self, me: uuid::Uuid) -> bool {
         self.is_live() && self.holder != Some(me)
     }
+}
+
+/// Whether a round in doubt (`writes`, which would have done `in_doubt`) is in the store as `view`
+/// sees it; see [`Engine::resolve`]. The first applied write decides: its row byte for byte (the
+/// row carries the head digest and the revision, so no other write leaves the same bytes) proves
+/// the round, any other row disproves it. Without one, a removed session proves it.
+pub(crate) fn round_in_store(
+    view: &dyn View,
+    writes: &[SessionWrite],
+    in_doubt: &Committed,
+) -> std::result::Result<bool, EngineError> {
+    let read = |error: crate::StoreError| match error {
+        crate::StoreError::Storage(error) => error,
+        crate::StoreError::Unavailable { reason } => {
+            EngineError::new(crate::EngineErrorKind::Io, reason)
+        }
+        other => EngineError::new(crate::EngineErrorKind::Other, other.to_string()),
+    };
+    let applied = writes
+        .iter()
+        .zip(&in_doubt.writes)
+        .find(|(_, written)| matches!(written, Written::Applied));
+    if let Some((write, _)) = applied {
+        let row = view.row(write.session).map_err(read)?;
+        return Ok(row.is_some_and(|row| *row == write.row[..]));
+    }
+    for (_, answer) in &in_doubt.deletions {
+        if let Ok(deleted) = answer
+            && let Some(&session) = deleted.sessions.first()
+        {
+            return Ok(view.row(session).map_err(read)?.is_none());
+        }
+    }
+    // The round changed nothing: it is settled either way.
+    Ok(true)
 }
 
 /// What removing one session took.

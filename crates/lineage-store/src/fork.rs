@@ -142,6 +142,7 @@ impl Store {
                     records: records.to_vec(),
                     digest: chain.digest(),
                     start,
+                    ticket: 0,
                 });
             }
         }
@@ -179,6 +180,7 @@ impl Store {
             records: own_records,
             digest: chain.digest(),
             start,
+            ticket: 0,
         });
 
         let queue = &self.inner.queue;

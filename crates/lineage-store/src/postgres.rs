@@ -31,8 +31,8 @@ use uuid::Uuid;
 
 use crate::delete::DeleteJob;
 use crate::engine::{
-    Acquired, Blocks, Bytes, Committed, Engine, LeaseState, Mail, Removal, Removed, SessionWrite,
-    View, Written, block_count, redact,
+    Acquired, Blocks, Bytes, CommitError, Committed, Engine, LeaseState, Mail, Removal, Removed, SessionWrite,
+    View, Written, block_count, redact, round_in_store,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
@@ -637,13 +637,18 @@ impl PgEngine {
                 Err(e) => return Err(abort(RoundError::Whole(e))),
             }
         }
-        on!(shared, conn, |c| c.client.batch_execute("COMMIT").await)
-            .map_err(RoundError::Whole)?
-            .map_err(whole)?;
-        Ok(Committed {
+        let committed = Committed {
             writes: written,
             deletions: answers,
-        })
+        };
+        // Without an answer to COMMIT the transaction may have committed or not.
+        match on!(shared, conn, |c| c.client.batch_execute("COMMIT").await) {
+            Ok(Ok(())) => Ok(committed),
+            // The server answered: it rolled the transaction back.
+            Ok(Err(e)) if e.as_db_error().is_some() => Err(whole(e)),
+            Ok(Err(e)) => Err(RoundError::InDoubt(pg_error(e), committed)),
+            Err(e) => Err(RoundError::InDoubt(e, committed)),
+        }
     }
 }
 
@@ -654,6 +659,9 @@ enum RoundError {
     Session(usize, EngineError),
     /// Nothing of the round can commit now.
     Whole(EngineError),
+    /// `COMMIT` got no answer, or an error after it was sent: the round may be in the store, and
+    /// then it did this.
+    InDoubt(EngineError, Committed),
 }
 
 /// A write's statement parameters, owned so the statement can run on the engine's runtime.
@@ -712,14 +720,14 @@ impl Engine for PgEngine {
         &self,
         writes: &[SessionWrite],
         deletions: &[DeleteJob],
-    ) -> std::result::Result<Committed, EngineError> {
+    ) -> std::result::Result<Committed, CommitError> {
         if self.read_only {
-            return Err(EngineError::new(
+            return Err(CommitError::before(EngineError::new(
                 EngineErrorKind::Other,
                 "the store is read-only",
-            ));
+            )));
         }
-        let conn = self.writer()?;
+        let conn = self.writer().map_err(CommitError::before)?;
         let mut skipped: Vec<(usize, EngineError)> = Vec::new();
         loop {
             let skip: Vec<usize> = skipped.iter().map(|(i, _)| *i).collect();
@@ -734,9 +742,32 @@ impl Engine for PgEngine {
                     tracing::warn!(session = %writes[i].session, %error, "PostgreSQL refused a session's write; the round goes on without it");
                     skipped.push((i, error));
                 }
-                Err(RoundError::Whole(error)) => return Err(error),
+                Err(RoundError::Whole(error)) => return Err(CommitError::before(error)),
+                Err(RoundError::InDoubt(error, mut committed)) => {
+                    for (i, error) in skipped {
+                        committed.writes[i] = Written::Failed(error);
+                    }
+                    return Err(CommitError {
+                        error,
+                        in_doubt: Some(committed),
+                    });
+                }
             }
         }
+    }
+
+    /// Reads the rows back on a fresh connection: a committed transaction is durable on the
+    /// server, so finding the round is enough.
+    fn resolve(
+        &self,
+        writes: &[SessionWrite],
+        in_doubt: &Committed,
+    ) -> std::result::Result<bool, EngineError> {
+        let view = self.view().map_err(|e| match e {
+            StoreError::Storage(error) => error,
+            other => EngineError::new(EngineErrorKind::Other, other.to_string()),
+        })?;
+        round_in_store(&*view, writes, in_doubt)
     }
 
     fn read_only(&self) -> bool {

@@ -8,7 +8,8 @@ use redb::{
 use crate::Result;
 use crate::delete::{DeleteJob, delete_in};
 use crate::engine::{
-    Blocks, Bytes, Committed, Engine, Removal, Removed, SessionWrite, View, Written, block_count,
+    Blocks, Bytes, CommitError, Committed, Engine, Removal, Removed, SessionWrite, View, Written,
+    block_count, round_in_store,
 };
 use crate::error::{Engine as _, EngineError};
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
@@ -30,6 +31,29 @@ impl RedbEngine {
     }
 }
 
+impl RedbEngine {
+    /// The writable handle, reopened first if a reopen failed before.
+    fn handle(&self) -> std::result::Result<std::sync::Arc<redb::Database>, EngineError> {
+        let RedbEngine::Write(db) = self else {
+            return Err(EngineError::io(std::io::Error::other(
+                "the store is read-only",
+            )));
+        };
+        // A handle is missing only after a reopen failed: try again before committing.
+        let handle = db.get().or_else(|_| {
+            db.reopen();
+            db.get()
+        });
+        handle.map_err(|e| EngineError::io(std::io::Error::other(e.to_string())))
+    }
+}
+
+fn panicked(doing: &str, panic: &str) -> EngineError {
+    EngineError::from_engine(redb::Error::Corrupted(format!(
+        "the storage engine panicked {doing}: {panic}"
+    )))
+}
+
 impl Engine for RedbEngine {
     fn view(&self) -> Result<Box<dyn View>> {
         let txn = self.begin_read()?;
@@ -45,24 +69,53 @@ impl Engine for RedbEngine {
         &self,
         writes: &[SessionWrite],
         deletions: &[DeleteJob],
-    ) -> std::result::Result<Committed, EngineError> {
-        let RedbEngine::Write(db) = self else {
-            return Err(EngineError::io(std::io::Error::other(
-                "the store is read-only",
-            )));
-        };
-        // A handle is missing only after a reopen failed: try again before committing.
-        let handle = db.get().or_else(|_| {
-            db.reopen();
-            db.get()
-        });
-        let handle = handle.map_err(|e| EngineError::io(std::io::Error::other(e.to_string())))?;
-        // The engine may panic committing onto a damaged file: that is a failed commit.
+    ) -> std::result::Result<Committed, CommitError> {
+        let handle = self.handle().map_err(CommitError::before)?;
+        // The engine may panic committing onto a damaged file: that is a failed commit, in
+        // doubt (the panic may have come after the commit point), read back as one whose writes
+        // all applied.
         contained(|| commit(&handle, writes, deletions)).unwrap_or_else(|panic| {
-            Err(EngineError::from_engine(redb::Error::Corrupted(format!(
-                "the storage engine panicked committing: {panic}"
-            ))))
+            Err(CommitError {
+                error: panicked("committing", &panic),
+                in_doubt: Some(Committed {
+                    writes: writes.iter().map(|_| Written::Applied).collect(),
+                    deletions: Vec::new(),
+                }),
+            })
         })
+    }
+
+    /// Reads the round back in a write transaction. A round found in the store is written again,
+    /// the same blocks and rows at the same keys, and committed durably: a sync that failed may
+    /// have left its pages in the page cache only (the kernel can drop dirty pages after reporting
+    /// the failure), so only a later commit that writes them and syncs makes them durable.
+    fn resolve(
+        &self,
+        writes: &[SessionWrite],
+        in_doubt: &Committed,
+    ) -> std::result::Result<bool, EngineError> {
+        let handle = self.handle()?;
+        contained(|| {
+            let view = self.view().map_err(|e| match e.engine() {
+                Some(error) => error.clone(),
+                None => EngineError::new(crate::EngineErrorKind::Other, e.to_string()),
+            })?;
+            if !round_in_store(&*view, writes, in_doubt)? {
+                return Ok(false);
+            }
+            drop(view);
+            let again: Vec<SessionWrite> = writes
+                .iter()
+                .zip(&in_doubt.writes)
+                .filter(|(_, written)| matches!(written, Written::Applied))
+                .map(|(write, _)| write.rewritten())
+                .collect();
+            if !again.is_empty() {
+                commit(&handle, &again, &[]).map_err(|e| e.error)?;
+            }
+            Ok(true)
+        })
+        .unwrap_or_else(|panic| Err(panicked("reading back a commit", &panic)))
     }
 
     fn read_only(&self) -> bool {
@@ -165,24 +218,36 @@ fn stored_next_seq(
 }
 
 /// One transaction: each write whose session ends where it expects (its blocks, its row, a new
-/// child's index entry), then the deletions, then one durable commit.
+/// child's index entry), then the deletions, then one durable commit. A failure before the commit
+/// committed nothing; one of the commit itself leaves the round in doubt.
 fn commit(
     db: &redb::Database,
     writes: &[SessionWrite],
     deletions: &[DeleteJob],
-) -> std::result::Result<Committed, EngineError> {
-    let txn = db.begin_write().map_err(engine_error)?;
-    let written = write_sessions(&txn, writes).map_err(engine_error)?;
+) -> std::result::Result<Committed, CommitError> {
+    let txn = db
+        .begin_write()
+        .map_err(|e| CommitError::before(engine_error(e)))?;
+    let written = write_sessions(&txn, writes).map_err(|e| CommitError::before(engine_error(e)))?;
     let mut answers = Vec::with_capacity(deletions.len());
     let mut removal = RedbRemoval { txn: &txn };
     for deletion in deletions {
-        answers.push((deletion.id, delete_in(&mut removal, deletion)?));
+        answers.push((
+            deletion.id,
+            delete_in(&mut removal, deletion).map_err(CommitError::before)?,
+        ));
     }
-    txn.commit().map_err(engine_error)?;
-    Ok(Committed {
+    let committed = Committed {
         writes: written,
         deletions: answers,
-    })
+    };
+    match txn.commit() {
+        Ok(()) => Ok(committed),
+        Err(error) => Err(CommitError {
+            error: engine_error(error),
+            in_doubt: Some(committed),
+        }),
+    }
 }
 
 fn write_sessions(

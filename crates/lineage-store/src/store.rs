@@ -1272,6 +1272,7 @@ pub(crate) fn pending_block(tail: &mut Tail, records: Vec<u8>, count: usize) -> 
         records,
         digest: tail.chain.digest(),
         start,
+        ticket: 0,
     };
     tail.next_seq += count as u64;
     block

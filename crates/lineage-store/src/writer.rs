@@ -2,9 +2,16 @@
 //!
 //! Callers admit batches (validated, encoded and digested in the caller's thread, then queued per
 //! session). One writer thread commits every session's queued blocks in one transaction with one
-//! fsync. A flush waits until everything admitted before it is durable. A failed commit puts its
-//! blocks back at the front of their queues, so order is kept, and pauses the writer until the next
-//! admission or flush, which retries and reports.
+//! fsync. A flush waits until everything admitted before it is durable.
+//!
+//! A failed commit puts its blocks back at the front of their queues, so order is kept, and
+//! pauses the writer until the next admission or flush, which retries and reports. A commit that
+//! failed at its commit point (the sync, the answer to `COMMIT`) may have landed all the same: the
+//! round is then *in doubt*, and before anything else is committed the writer reads back what the
+//! store holds ([`Engine::resolve`]). A round found in the store is finished as if its commit had
+//! returned (its blocks leave the queues); one found absent is retried with whatever was admitted
+//! since. So a retry never meets its own earlier write as a conflict, and nothing admitted is
+//! dropped because storage failed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -13,11 +20,12 @@ use std::time::Instant;
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 
 use crate::delete::{DeleteJob, Deleted};
-use crate::engine::{Engine, LeaseState, SessionWrite, Written};
-use crate::error::EngineError;
+use crate::engine::{CommitError, Committed, Engine, LeaseState, SessionWrite, Written};
+use crate::error::{EngineError, NotDurable};
 use crate::fill::{OpenRun, Ratio, lay_out};
 use crate::layout::{SessionRecord, encode_block};
-use crate::{Result, StoreError, StoreOptions};
+use crate::store::contained;
+use crate::{EngineErrorKind, Result, StoreError, StoreOptions};
 
 /// Admitted records of one session, not yet durable: a contiguous run ending at `digest`.
 #[derive(Debug)]
@@ -30,6 +38,15 @@ pub(crate) struct PendingBlock {
     /// The running digest before its first record, from which the writer hashes its records
     /// again wherever it cuts them into stored blocks.
     pub start: Chain,
+    /// The ticket of the batch it belongs to (set when it is queued).
+    pub ticket: u64,
+}
+
+impl PendingBlock {
+    /// The seq after its last record.
+    fn end_seq(&self) -> u64 {
+        self.first_seq + u64::from(self.count)
+    }
 }
 
 /// What the writer knows of a session this process has touched.
@@ -175,7 +192,8 @@ impl Queue {
             .get_mut(&session)
             .expect("enqueue is only called for a session with a tail");
         state.pending_blocks += blocks.len();
-        tail.pending.extend(blocks);
+        tail.pending
+            .extend(blocks.into_iter().map(|block| PendingBlock { ticket, ..block }));
         tail.last_ticket = ticket;
         if state.paused || state.first_pending_at.is_none() {
             state.first_pending_at = Some(Instant::now());
@@ -227,7 +245,7 @@ impl Queue {
             {
                 return Err(StoreError::CommitFailed {
                     source: failure.clone(),
-                    not_durable: Vec::new(),
+                    not_durable: not_durable(&state, session, target),
                 });
             }
             if state.writer_gone {
@@ -239,6 +257,27 @@ impl Queue {
                 .unwrap_or_else(|p| p.into_inner());
         }
     }
+}
+
+/// What of `session`'s (or, for `None`, every session's) batches up to ticket `target` is still
+/// queued, by session: what a failed wait reports as not durable.
+fn not_durable(state: &State, session: Option<SessionId>, target: u64) -> Vec<NotDurable> {
+    let mut out: Vec<NotDurable> = state
+        .tails
+        .iter()
+        .filter(|(id, _)| session.is_none_or(|s| s == **id))
+        .filter_map(|(id, tail)| {
+            let mut waited = tail.pending.iter().filter(|b| b.ticket <= target);
+            let first = waited.next()?;
+            let end = waited.last().unwrap_or(first).end_seq();
+            Some(NotDurable {
+                session: *id,
+                seqs: first.first_seq..end,
+            })
+        })
+        .collect();
+    out.sort_by_key(|n| n.session);
+    out
 }
 
 /// One session's share of a commit.
@@ -302,6 +341,42 @@ impl Job {
     }
 }
 
+/// What a round took of one session, kept until the round is settled.
+struct Taken {
+    session: SessionId,
+    revision: u64,
+    /// The first seq of its first block, and how many blocks it took.
+    first_seq: u64,
+    blocks: usize,
+    last_ticket: u64,
+    fence: Option<u64>,
+    /// The session's open run once the write applies.
+    open: Option<OpenRun>,
+}
+
+/// A round whose commit failed at its commit point, not yet known to be in the store or not. Its
+/// blocks are queued again in front of their sessions' queues meanwhile.
+struct Doubt {
+    round: u64,
+    watermark: u64,
+    taken: Vec<Taken>,
+    writes: Vec<SessionWrite>,
+    /// What the round did if it is in the store.
+    committed: Committed,
+}
+
+/// The writer thread's own memory: each session's open run (with the round that last wrote it),
+/// how well records compress, and a round in doubt. Only this thread touches it.
+struct Writer {
+    engine: Arc<dyn Engine>,
+    queue: Arc<Queue>,
+    options: StoreOptions,
+    open_runs: HashMap<SessionId, (u64, OpenRun)>,
+    round: u64,
+    ratio: Ratio,
+    doubt: Option<Doubt>,
+}
+
 pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOptions) {
     struct Gone<'a>(&'a Queue);
     impl Drop for Gone<'_> {
@@ -312,27 +387,43 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         }
     }
     let _gone = Gone(&queue);
-    // Each session's open run (with the round that last wrote it), and how well records compress:
-    // only this thread touches them.
-    let mut open_runs: HashMap<SessionId, (u64, OpenRun)> = HashMap::new();
-    let mut round = 0u64;
-    let mut ratio = Ratio::default();
-    loop {
+    let mut writer = Writer {
+        engine,
+        queue: queue.clone(),
+        options,
+        open_runs: HashMap::new(),
+        round: 0,
+        ratio: Ratio::default(),
+        doubt: None,
+    };
+    while writer.next_round() {}
+}
+
+impl Writer {
+    /// Waits for work, then settles a round in doubt or commits one. Returns `false` once the
+    /// writer is to stop.
+    fn next_round(&mut self) -> bool {
+        let queue = self.queue.clone();
         let mut state = queue.lock();
         loop {
             // At shutdown a paused queue gets one last attempt.
             let work = state.pending_blocks > 0 || !state.deletions.is_empty();
             let ready = work && (!state.paused || state.shutdown);
             if state.shutdown && !ready {
-                return;
+                return false;
             }
             if ready {
-                // A deletion's caller waits for it, as a flush's does.
-                if state.flush_requested || state.shutdown || !state.deletions.is_empty() {
+                // A deletion's caller waits for it, as a flush's does; a round in doubt is
+                // settled before anything waits for the commit window.
+                if state.flush_requested
+                    || state.shutdown
+                    || !state.deletions.is_empty()
+                    || self.doubt.is_some()
+                {
                     break;
                 }
                 let opened = *state.first_pending_at.get_or_insert_with(Instant::now);
-                let deadline = opened + options.commit_window;
+                let deadline = opened + self.options.commit_window;
                 let now = Instant::now();
                 if now >= deadline {
                     break;
@@ -349,8 +440,29 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
                 .wait(state)
                 .unwrap_or_else(|p| p.into_inner());
         }
+        let shutting_down = state.shutdown;
+        drop(state);
+        if let Some(doubt) = self.doubt.take() {
+            let resolved = self.resolve(&doubt);
+            let mut state = queue.lock();
+            let settled = self.settle_doubt(&mut state, doubt, resolved);
+            queue.wake_waiters.notify_all();
+            if !settled {
+                return !shutting_down;
+            }
+            if state.pending_blocks == 0 && state.deletions.is_empty() {
+                return true;
+            }
+        }
+        self.commit_round()
+    }
+
+    /// Takes every queued block and deletion and commits them as one round.
+    fn commit_round(&mut self) -> bool {
+        let queue = self.queue.clone();
+        let mut state = queue.lock();
         let watermark = state.next_ticket;
-        round += 1;
+        self.round += 1;
         let mut jobs = Vec::new();
         let taken = &mut *state;
         for (session, tail) in taken.tails.iter_mut() {
@@ -375,104 +487,222 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         let shutting_down = state.shutdown;
         drop(state);
 
-        let (writes, mut opened): (Vec<SessionWrite>, Vec<Option<OpenRun>>) = jobs
-            .iter()
-            .map(|job| {
-                let open = open_runs.get(&job.session).map(|(_, open)| open);
-                job.write(&options, open, &mut ratio)
-            })
-            .unzip();
-        let result = engine.commit(&writes, &deletions);
-        drop(writes);
-        if result.is_err() {
-            // A redb handle is refused after an I/O failure: reopen before any retry.
-            engine.recover();
+        let mut writes = Vec::with_capacity(jobs.len());
+        let mut taken = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            let open = self.open_runs.get(&job.session).map(|(_, open)| open);
+            let (write, open) = job.write(&self.options, open, &mut self.ratio);
+            writes.push(write);
+            taken.push(Taken {
+                session: job.session,
+                revision: job.revision,
+                first_seq: job.blocks[0].first_seq,
+                blocks: job.blocks.len(),
+                last_ticket: job.last_ticket,
+                fence: job.fence,
+                open,
+            });
         }
-
-        let mut state = queue.lock();
-        state.attempts += 1;
-        match result {
+        let result = self.engine.commit(&writes, &deletions);
+        let failure = match result {
             Ok(committed) => {
-                state.durable = watermark;
-                state.last_failure = None;
-                for ((job, written), open) in
-                    jobs.into_iter().zip(committed.writes).zip(opened.drain(..))
-                {
-                    // What the store holds of the session is known only after a write applied.
-                    open_runs.remove(&job.session);
-                    let why = match written {
-                        Written::Applied => {
-                            if let Some(open) = open {
-                                keep_open(&mut open_runs, job.session, round, open);
-                            }
-                            if let Some(tail) = state.tails.get_mut(&job.session) {
-                                tail.revision = job.revision;
-                                tail.row_written = true;
-                            }
-                            continue;
-                        }
-                        Written::Conflict { found } => Refusal::Conflict {
-                            found,
-                            got: job.blocks[0].first_seq,
-                        },
-                        Written::Fenced { lease } => {
-                            // The lease is lost for good: later writes are refused here at once.
-                            if let Some(held) = state
-                                .leases
-                                .get_mut(&job.session)
-                                .filter(|held| Some(held.fence) == job.fence)
-                            {
-                                held.lost = Some(lease.clone());
-                            }
-                            Refusal::Fenced {
-                                ours: job.fence,
-                                lease,
-                            }
-                        }
-                        Written::Failed(error) => Refusal::Failed(error),
-                    };
-                    refuse(&mut state, job.session, job.last_ticket, why);
-                }
-                for (id, answer) in committed.deletions {
-                    if let Ok(deleted) = &answer {
-                        for session in &deleted.sessions {
-                            open_runs.remove(session);
-                        }
-                        forget_deleted(&mut state, &deleted.sessions);
-                    }
-                    state.deleted_answers.insert(id, answer);
-                }
-                settle_if_idle(&mut state);
+                drop(writes);
+                let mut state = queue.lock();
+                state.attempts += 1;
+                self.finish(&mut state, self.round, watermark, taken, committed, false);
+                queue.wake_waiters.notify_all();
+                return true;
             }
-            Err(failure) => {
-                tracing::warn!(error = %failure, sessions = jobs.len(), "group commit failed; its batches stay queued");
-                for job in jobs {
-                    let count = job.blocks.len();
-                    if let Some(tail) = state.tails.get_mut(&job.session) {
-                        // Back in front of anything admitted meanwhile: order is kept.
-                        tail.pending.splice(0..0, job.blocks);
-                        state.pending_blocks += count;
-                    }
-                }
-                // A failed deletion deleted nothing; its caller is told, and may try again.
-                for deletion in deletions {
-                    state.deleted_answers.insert(
-                        deletion.id,
-                        Err(StoreError::CommitFailed {
-                            source: failure.clone(),
-                            not_durable: Vec::new(),
-                        }),
-                    );
-                }
-                state.last_failure = Some(failure);
-                state.paused = true;
-                if shutting_down {
-                    queue.wake_waiters.notify_all();
-                    return;
-                }
+            Err(failure) => failure,
+        };
+        // A redb handle is refused after an I/O failure: reopen before any retry.
+        self.engine.recover();
+        let CommitError { error, in_doubt } = failure;
+        tracing::warn!(%error, sessions = jobs.len(), in_doubt = in_doubt.is_some(), "group commit failed; its batches stay queued");
+        let mut state = queue.lock();
+        // Back in front of anything admitted meanwhile: order is kept.
+        for job in jobs {
+            let count = job.blocks.len();
+            if let Some(tail) = state.tails.get_mut(&job.session) {
+                tail.pending.splice(0..0, job.blocks);
+                state.pending_blocks += count;
             }
         }
+        // A deletion's caller is told at once; if its round turns out to be in the store, the
+        // sessions it removed are forgotten then.
+        for deletion in &deletions {
+            let answer = Err(StoreError::CommitFailed {
+                source: error.clone(),
+                not_durable: Vec::new(),
+            });
+            state.deleted_answers.insert(deletion.id, answer);
+        }
+        let Some(committed) = in_doubt else {
+            // Nothing of the round was committed.
+            self.fail(&mut state, error);
+            queue.wake_waiters.notify_all();
+            return !shutting_down;
+        };
+        let doubt = Doubt {
+            round: self.round,
+            watermark,
+            taken,
+            writes,
+            committed,
+        };
+        drop(state);
+        // Storage that answers again at once settles the round now: a commit whose sync failed
+        // after its write reached the store is then finished, not failed.
+        let resolved = self.resolve(&doubt);
+        let mut state = queue.lock();
+        let settled = match resolved {
+            Ok(true) => self.settle_doubt(&mut state, doubt, Ok(true)),
+            Ok(false) => {
+                self.fail(&mut state, error);
+                true
+            }
+            Err(_) => {
+                // The commit's own error says more than the failed read-back.
+                self.doubt = Some(doubt);
+                self.fail(&mut state, error);
+                false
+            }
+        };
         queue.wake_waiters.notify_all();
+        settled || !shutting_down
+    }
+
+    /// Asks the engine whether a round in doubt is in the store.
+    fn resolve(&self, doubt: &Doubt) -> std::result::Result<bool, EngineError> {
+        contained(|| self.engine.resolve(&doubt.writes, &doubt.committed)).unwrap_or_else(
+            |panic| {
+                Err(EngineError::new(
+                    EngineErrorKind::Corrupted,
+                    format!("the storage engine panicked reading back a commit in doubt: {panic}"),
+                ))
+            },
+        )
+    }
+
+    /// Acts on what reading back a round in doubt found. Returns whether it is settled.
+    fn settle_doubt(
+        &mut self,
+        state: &mut State,
+        doubt: Doubt,
+        resolved: std::result::Result<bool, EngineError>,
+    ) -> bool {
+        match resolved {
+            Ok(true) => {
+                tracing::info!(round = doubt.round, "a commit reported failed is in the store; it is finished");
+                // Its blocks are the first of their queues (nothing else was committed since):
+                // they leave them, as a committed round's did.
+                for taken in &doubt.taken {
+                    if let Some(tail) = state.tails.get_mut(&taken.session)
+                        && tail.pending.first().map(|b| b.first_seq) == Some(taken.first_seq)
+                        && tail.pending.len() >= taken.blocks
+                    {
+                        tail.pending.drain(..taken.blocks);
+                        state.pending_blocks -= taken.blocks.min(state.pending_blocks);
+                    }
+                }
+                state.attempts += 1;
+                let watermark = doubt.watermark.max(state.durable);
+                let Doubt {
+                    round,
+                    taken,
+                    committed,
+                    ..
+                } = doubt;
+                self.finish(state, round, watermark, taken, committed, true);
+                // What was admitted after the round is still to commit.
+                if state.pending_blocks > 0 {
+                    state.flush_requested = true;
+                }
+                true
+            }
+            Ok(false) => {
+                tracing::info!(round = doubt.round, "a commit in doubt is not in the store; its batches are committed again");
+                true
+            }
+            Err(error) => {
+                self.doubt = Some(doubt);
+                self.fail(state, error);
+                false
+            }
+        }
+    }
+
+    /// Records a failed attempt: its waiters are told, and the writer pauses until the next
+    /// admission or flush.
+    fn fail(&self, state: &mut State, error: EngineError) {
+        state.attempts += 1;
+        state.last_failure = Some(error);
+        state.paused = true;
+    }
+
+    /// Finishes a round that is in the store: every batch up to `watermark` is durable but those
+    /// a write refused, each session's tail and open run follow what was written, and deletions
+    /// are answered (unless the round was `in_doubt`: their callers were answered then).
+    fn finish(
+        &mut self,
+        state: &mut State,
+        round: u64,
+        watermark: u64,
+        taken: Vec<Taken>,
+        committed: Committed,
+        in_doubt: bool,
+    ) {
+        state.durable = state.durable.max(watermark);
+        state.last_failure = None;
+        for (taken, written) in taken.into_iter().zip(committed.writes) {
+            // What the store holds of the session is known only after a write applied.
+            self.open_runs.remove(&taken.session);
+            let why = match written {
+                Written::Applied => {
+                    if let Some(open) = taken.open {
+                        keep_open(&mut self.open_runs, taken.session, round, open);
+                    }
+                    if let Some(tail) = state.tails.get_mut(&taken.session) {
+                        tail.revision = taken.revision;
+                        tail.row_written = true;
+                    }
+                    continue;
+                }
+                Written::Conflict { found } => Refusal::Conflict {
+                    found,
+                    got: taken.first_seq,
+                },
+                Written::Fenced { lease } => {
+                    // The lease is lost for good: later writes are refused here at once.
+                    if let Some(held) = state
+                        .leases
+                        .get_mut(&taken.session)
+                        .filter(|held| Some(held.fence) == taken.fence)
+                    {
+                        held.lost = Some(lease.clone());
+                    }
+                    Refusal::Fenced {
+                        ours: taken.fence,
+                        lease,
+                    }
+                }
+                Written::Failed(error) => Refusal::Failed(error),
+            };
+            refuse(state, taken.session, taken.last_ticket, why);
+        }
+        for (id, answer) in committed.deletions {
+            if let Ok(deleted) = &answer {
+                for session in &deleted.sessions {
+                    self.open_runs.remove(session);
+                }
+                forget_deleted(state, &deleted.sessions);
+            }
+            // A round settled after a failure told its deletions' callers of it at the time.
+            if !in_doubt {
+                state.deleted_answers.insert(id, answer);
+            }
+        }
+        settle_if_idle(state);
     }
 }
 

@@ -570,3 +570,58 @@ fn a_format1_database_upgrades_to_what_the_file_upgrade_makes() {
     assert!(after.verify().unwrap().is_ok());
     assert_eq!(Store::upgrade(&url).unwrap().from, STORE_FORMAT_VERSION);
 }
+
+/// `url` with its port replaced by `port`.
+fn through(url: &str, port: u16) -> String {
+    let (authority, database) = url.rsplit_once('/').expect("a database URL");
+    let (host, _) = authority.rsplit_once(':').expect("a port");
+    format!("{host}:{port}/{database}")
+}
+
+/// A commit whose answer is lost (the connection cut right after the server answered `COMMIT`)
+/// is in doubt: the writer reads the session back on another connection, finds the round there
+/// and finishes it, so the append returns `Ok` and the next one continues after it. A `COMMIT`
+/// the server never saw is found absent and committed again by the next flush. Nothing is
+/// refused as a conflict with the store's own write, and nothing admitted is dropped.
+#[test]
+fn a_commit_whose_outcome_is_unknown_is_resolved_by_reading_back() {
+    use lineage_testkit::proxy::{Cut, Proxy};
+    let server = postgres();
+    let direct = server.create_database();
+    let proxy = Proxy::start(server.port());
+    let options = lineage_store::StoreOptions {
+        commit_window: std::time::Duration::ZERO,
+        ..lineage_store::StoreOptions::default()
+    };
+    let store = Store::open_with(through(&direct, proxy.port()), options).unwrap();
+    let (id, header) = fresh();
+    store.create(header).unwrap();
+    let turns: Vec<_> = (0..4)
+        .map(|t| completed_turn(t as u32 + 1, t * 6, &format!("turn {t}")))
+        .collect();
+    store.append(id, &turns[0]).unwrap();
+
+    proxy.cut_next(Cut::AnswerTo(b"COMMIT".to_vec()));
+    store
+        .append(id, &turns[1])
+        .expect("the round is found in the store: the append is durable");
+    assert_eq!(proxy.cuts(), 1);
+    store.append(id, &turns[2]).unwrap();
+
+    proxy.cut_next(Cut::Before(b"COMMIT".to_vec()));
+    match store.append(id, &turns[3]) {
+        Err(StoreError::CommitFailed { not_durable, .. }) => {
+            assert_eq!(not_durable.len(), 1);
+            assert_eq!((not_durable[0].session, not_durable[0].seqs.clone()), (id, 18..24));
+        }
+        other => panic!("a COMMIT the server never saw fails the append: {other:?}"),
+    }
+    assert_eq!(proxy.cuts(), 2);
+    store.flush(id).expect("the next flush commits it");
+    drop(store);
+
+    let reader = Store::open_read_only(&direct).unwrap();
+    assert_eq!(reader.read_from(id, 0).unwrap(), turns.concat());
+    assert_eq!(reader.info(id).unwrap().revision, 4);
+    assert_intact(&reader.verify().unwrap());
+}

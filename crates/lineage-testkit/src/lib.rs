@@ -35,6 +35,7 @@ pub mod loopback;
 pub mod postgres;
 pub mod process;
 pub mod products;
+pub mod proxy;
 mod random;
 pub mod read;
 mod realistic;

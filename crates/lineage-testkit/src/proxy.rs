@@ -1,0 +1,203 @@
+//! A TCP proxy on 127.0.0.1 that a test controls: it forwards every connection to a server's port
+//! and, when told, cuts the connection that sends a chosen message, either before the server sees
+//! it or right after the server answered it (the answer is lost). So a test can make a database
+//! client meet a request whose outcome it cannot know, over real sockets.
+//!
+//! A marker is looked for within each chunk the client writes: clients write a short message in
+//! one piece, which is what the markers here are for (a statement's text).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How the proxy cuts the connection that sends a message holding the marker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// The message is dropped and the connection closed: the server never sees it.
+    Before(Vec<u8>),
+    /// The message reaches the server; its answer is dropped and the connection closed.
+    AnswerTo(Vec<u8>),
+}
+
+impl Cut {
+    fn marker(&self) -> &[u8] {
+        match self {
+            Cut::Before(marker) | Cut::AnswerTo(marker) => marker,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Control {
+    armed: Mutex<Option<Cut>>,
+    cuts: AtomicU64,
+}
+
+/// A running proxy. Its listener lives as long as the test process.
+pub struct Proxy {
+    port: u16,
+    control: Arc<Control>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `target`, a port on 127.0.0.1.
+    ///
+    /// # Panics
+    ///
+    /// When no port can be bound.
+    pub fn start(target: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("the proxy binds a port");
+        let port = listener.local_addr().expect("a bound address").port();
+        let control = Arc::new(Control::default());
+        let shared = control.clone();
+        std::thread::Builder::new()
+            .name("lineage-testkit-proxy".into())
+            .spawn(move || {
+                for client in listener.incoming().flatten() {
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", target)) {
+                        relay(client, server, shared.clone());
+                    }
+                }
+            })
+            .expect("the proxy's thread starts");
+        Proxy { port, control }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cuts the next connection that sends a message holding the cut's marker; later ones pass.
+    pub fn cut_next(&self, cut: Cut) {
+        *self.control.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(cut);
+    }
+
+    /// How many connections were cut.
+    pub fn cuts(&self) -> u64 {
+        self.control.cuts.load(Ordering::SeqCst)
+    }
+}
+
+/// Pumps one connection both ways on two threads.
+fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
+    let (Ok(client_in), Ok(server_in), Ok(client_end), Ok(server_end)) = (
+        client.try_clone(),
+        server.try_clone(),
+        client.try_clone(),
+        server.try_clone(),
+    ) else {
+        return;
+    };
+    // Set when the server's next answer is to be dropped and the connection closed.
+    let lose_answer = Arc::new(AtomicBool::new(false));
+    let ends = Arc::new((client_end, server_end));
+    let close = move |ends: &(TcpStream, TcpStream)| {
+        let _ = ends.0.shutdown(Shutdown::Both);
+        let _ = ends.1.shutdown(Shutdown::Both);
+    };
+    let upstream = {
+        let (lose_answer, ends, mut server) = (lose_answer.clone(), ends.clone(), server);
+        move || {
+            let mut client = client_in;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match client.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let chunk = &buf[..n];
+                let cut = {
+                    let mut armed = control.armed.lock().unwrap_or_else(|p| p.into_inner());
+                    let hit = armed.as_ref().is_some_and(|cut| contains(chunk, cut.marker()));
+                    if hit { armed.take() } else { None }
+                };
+                match cut {
+                    Some(Cut::Before(_)) => {
+                        control.cuts.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    Some(Cut::AnswerTo(_)) => {
+                        control.cuts.fetch_add(1, Ordering::SeqCst);
+                        lose_answer.store(true, Ordering::SeqCst);
+                    }
+                    None => {}
+                }
+                if server.write_all(chunk).is_err() {
+                    break;
+                }
+            }
+            close(&ends);
+        }
+    };
+    let downstream = move || {
+        let mut server = server_in;
+        let mut client = client;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if lose_answer.load(Ordering::SeqCst) {
+                // The server has answered the message: the client never hears it.
+                break;
+            }
+            if client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        close(&ends);
+    };
+    let _ = std::thread::Builder::new()
+        .name("lineage-testkit-proxy-up".into())
+        .spawn(upstream);
+    let _ = std::thread::Builder::new()
+        .name("lineage-testkit-proxy-down".into())
+        .spawn(downstream);
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server: the proxy forwards, drops a marked message, or drops the answer to one.
+    #[test]
+    fn the_proxy_forwards_and_cuts_as_told() {
+        let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = echo.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in echo.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut stream = stream;
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = Proxy::start(target);
+        let exchange = |message: &[u8]| -> Option<Vec<u8>> {
+            let mut stream = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+            stream.write_all(message).unwrap();
+            let mut answer = vec![0u8; message.len()];
+            stream.read_exact(&mut answer).ok().map(|()| answer)
+        };
+        assert_eq!(exchange(b"hello").as_deref(), Some(&b"hello"[..]));
+        proxy.cut_next(Cut::AnswerTo(b"COMMIT".to_vec()));
+        assert_eq!(exchange(b"SELECT 1"), Some(b"SELECT 1".to_vec()));
+        assert_eq!(exchange(b"COMMIT"), None, "the answer is lost");
+        proxy.cut_next(Cut::Before(b"COMMIT".to_vec()));
+        assert_eq!(exchange(b"COMMIT"), None, "the message is dropped");
+        assert_eq!(exchange(b"COMMIT").as_deref(), Some(&b"COMMIT"[..]));
+        assert_eq!(proxy.cuts(), 2);
+    }
+}

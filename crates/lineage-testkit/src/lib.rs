@@ -5,9 +5,9 @@
 //! and batch partitions, random events of every variant, short event and turn constructors for
 //! hand-written logs ([`ev`]), readers of logs for assertions ([`read`]), helper processes a
 //! test binary re-runs itself as, to crash or to run beside ([`process`]), the external
-//! agent products, installed on first use ([`products`]), and a private PostgreSQL server
-//! ([`postgres`]). These depend on
-//! `lineage-log` and the standard library only.
+//! agent products, installed on first use ([`products`]), a private PostgreSQL server
+//! ([`postgres`]), and a TCP proxy that cuts a connection where a test says ([`proxy`]). These
+//! depend on `lineage-log` and the standard library only.
 //!
 //! Feature `agent` adds the agent harness (module `agent`: a store, a scripted model, a registry, tools
 //! from closures); feature `subagent` adds the delegation harness (module `subagent`: a routing model,

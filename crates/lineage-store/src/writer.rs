@@ -269,7 +269,7 @@ fn not_durable(state: &State, session: Option<SessionId>, target: u64) -> Vec<No
         .filter_map(|(id, tail)| {
             let mut waited = tail.pending.iter().filter(|b| b.ticket <= target);
             let first = waited.next()?;
-            let end = waited.last().unwrap_or(first).end_seq();
+            let end = waited.next_back().unwrap_or(first).end_seq();
             Some(NotDurable {
                 session: *id,
                 seqs: first.first_seq..end,

@@ -31,8 +31,8 @@ use uuid::Uuid;
 
 use crate::delete::DeleteJob;
 use crate::engine::{
-    Acquired, Blocks, Bytes, CommitError, Committed, Engine, LeaseState, Mail, Removal, Removed, SessionWrite,
-    View, Written, block_count, redact, round_in_store,
+    Acquired, Blocks, Bytes, CommitError, Committed, Engine, LeaseState, Mail, Removal, Removed,
+    SessionWrite, View, Written, block_count, redact, round_in_store,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};

@@ -192,8 +192,11 @@ impl Queue {
             .get_mut(&session)
             .expect("enqueue is only called for a session with a tail");
         state.pending_blocks += blocks.len();
-        tail.pending
-            .extend(blocks.into_iter().map(|block| PendingBlock { ticket, ..block }));
+        tail.pending.extend(
+            blocks
+                .into_iter()
+                .map(|block| PendingBlock { ticket, ..block }),
+        );
         tail.last_ticket = ticket;
         if state.paused || state.first_pending_at.is_none() {
             state.first_pending_at = Some(Instant::now());
@@ -574,14 +577,12 @@ impl Writer {
 
     /// Asks the engine whether a round in doubt is in the store.
     fn resolve(&self, doubt: &Doubt) -> std::result::Result<bool, EngineError> {
-        contained(|| self.engine.resolve(&doubt.writes, &doubt.committed)).unwrap_or_else(
-            |panic| {
-                Err(EngineError::new(
-                    EngineErrorKind::Corrupted,
-                    format!("the storage engine panicked reading back a commit in doubt: {panic}"),
-                ))
-            },
-        )
+        contained(|| self.engine.resolve(&doubt.writes, &doubt.committed)).unwrap_or_else(|panic| {
+            Err(EngineError::new(
+                EngineErrorKind::Corrupted,
+                format!("the storage engine panicked reading back a commit in doubt: {panic}"),
+            ))
+        })
     }
 
     /// Acts on what reading back a round in doubt found. Returns whether it is settled.
@@ -593,7 +594,10 @@ impl Writer {
     ) -> bool {
         match resolved {
             Ok(true) => {
-                tracing::info!(round = doubt.round, "a commit reported failed is in the store; it is finished");
+                tracing::info!(
+                    round = doubt.round,
+                    "a commit reported failed is in the store; it is finished"
+                );
                 // Its blocks are the first of their queues (nothing else was committed since):
                 // they leave them, as a committed round's did.
                 for taken in &doubt.taken {
@@ -621,7 +625,10 @@ impl Writer {
                 true
             }
             Ok(false) => {
-                tracing::info!(round = doubt.round, "a commit in doubt is not in the store; its batches are committed again");
+                tracing::info!(
+                    round = doubt.round,
+                    "a commit in doubt is not in the store; its batches are committed again"
+                );
                 true
             }
             Err(error) => {

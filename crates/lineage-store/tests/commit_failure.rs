@@ -539,3 +539,113 @@ fn while_syncs_keep_failing_flushes_name_every_seq_not_durable() {
     assert_eq!(reopened.read_from(id, 0).unwrap(), batches.concat());
     assert_intact(&reopened.verify().unwrap());
 }
+
+/// One step of a random schedule against a store whose storage fails on command.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Admits the next turn of a session; flushes it (`Some(true)`: that session, `Some(false)`:
+    /// every session) or leaves it queued.
+    Admit {
+        session: usize,
+        flush: Option<bool>,
+    },
+    /// The `at`-th operation of this kind from now fails, once or from then on.
+    Arm {
+        op: Op,
+        at: u64,
+        sticky: bool,
+    },
+    Clear,
+}
+
+fn arb_step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let op = prop_oneof![
+        Just(Op::Write),
+        Just(Op::Sync),
+        Just(Op::SetLen),
+        Just(Op::Torn)
+    ];
+    prop_oneof![
+        6 => (0..3usize, prop_oneof![Just(None), Just(Some(true)), Just(Some(false))])
+            .prop_map(|(session, flush)| Step::Admit { session, flush }),
+        1 => (op, 0..6u64, any::<bool>()).prop_map(|(op, at, sticky)| Step::Arm { op, at, sticky }),
+        1 => Just(Step::Clear),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Under any schedule of faults, admissions and flushes: a flush that returns `Ok` covered
+    /// every batch admitted before it, a failed one names every session it waited for whose
+    /// batches are not durable, and once storage works every admitted batch is stored, in order,
+    /// byte for byte, in a store that verifies.
+    #[test]
+    fn no_schedule_of_faults_loses_an_acknowledged_batch(
+        steps in proptest::collection::vec(arb_step(), 1..40),
+    ) {
+        let backend = Countdown::new();
+        let store = countdown_store(&backend);
+        let ids: Vec<SessionId> = (0..3)
+            .map(|_| {
+                let (id, header) = fresh();
+                store.create(header).unwrap();
+                id
+            })
+            .collect();
+        let mut admitted: Vec<Vec<Event>> = vec![Vec::new(); 3];
+        let mut acked = [0u64; 3];
+        for step in &steps {
+            match *step {
+                Step::Arm { op, at, sticky } => backend.arm(op, at, sticky),
+                Step::Clear => backend.clear(),
+                Step::Admit { session, flush } => {
+                    let start = admitted[session].len() as u64;
+                    let turn = completed_turn((start / 6) as u32 + 1, start, "turn");
+                    store.admit(ids[session], &turn).unwrap();
+                    admitted[session].extend(turn);
+                    let waited: Vec<usize> = match flush {
+                        None => continue,
+                        Some(true) => vec![session],
+                        Some(false) => (0..3).collect(),
+                    };
+                    let result = if flush == Some(true) {
+                        store.flush(ids[session])
+                    } else {
+                        store.flush_all()
+                    };
+                    for i in waited {
+                        let end = admitted[i].len() as u64;
+                        let named = match &result {
+                            Ok(()) => None,
+                            Err(StoreError::CommitFailed { not_durable, .. }) => {
+                                not_durable.iter().find(|n| n.session == ids[i]).cloned()
+                            }
+                            Err(other) => panic!("{other}"),
+                        };
+                        match named {
+                            None => acked[i] = end,
+                            Some(named) => {
+                                proptest::prop_assert_eq!(named.seqs.end, end);
+                                proptest::prop_assert!(named.seqs.start >= acked[i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        backend.clear();
+        store.flush_all().or_else(|_| store.flush_all()).unwrap();
+        drop(store);
+        let reopened = countdown_store(&backend);
+        for (i, id) in ids.iter().enumerate() {
+            if admitted[i].is_empty() {
+                continue;
+            }
+            proptest::prop_assert!(acked[i] <= admitted[i].len() as u64);
+            proptest::prop_assert_eq!(&reopened.read_from(*id, 0).unwrap(), &admitted[i]);
+        }
+        assert_intact(&reopened.verify().unwrap());
+    }
+}

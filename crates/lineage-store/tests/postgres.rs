@@ -612,7 +612,10 @@ fn a_commit_whose_outcome_is_unknown_is_resolved_by_reading_back() {
     match store.append(id, &turns[3]) {
         Err(StoreError::CommitFailed { not_durable, .. }) => {
             assert_eq!(not_durable.len(), 1);
-            assert_eq!((not_durable[0].session, not_durable[0].seqs.clone()), (id, 18..24));
+            assert_eq!(
+                (not_durable[0].session, not_durable[0].seqs.clone()),
+                (id, 18..24)
+            );
         }
         other => panic!("a COMMIT the server never saw fails the append: {other:?}"),
     }

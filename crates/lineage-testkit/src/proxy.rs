@@ -110,7 +110,9 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 let chunk = &buf[..n];
                 let cut = {
                     let mut armed = control.armed.lock().unwrap_or_else(|p| p.into_inner());
-                    let hit = armed.as_ref().is_some_and(|cut| contains(chunk, cut.marker()));
+                    let hit = armed
+                        .as_ref()
+                        .is_some_and(|cut| contains(chunk, cut.marker()));
                     if hit { armed.take() } else { None }
                 };
                 match cut {

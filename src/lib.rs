@@ -3,7 +3,8 @@
 //! This facade re-exports the crates most hosts need:
 //!
 //! - [`log`]: the session log model (events, messages, rules, repair, fork, folds, codec);
-//! - [`store`]: the redb-backed store (append, load, inspect, fork, verify, group commit);
+//! - [`store`]: the store, in an embedded redb file or a shared PostgreSQL database (append, load,
+//!   inspect, fork, verify, group commit);
 //! - [`agent`]: the agent runtime on tokio (inbox, turn loop, model and tool traits, registry);
 //! - [`subagent`]: delegation (providers, spawn and fork, one-shot and continuable children);
 //! - `models` (feature `models`): model adapters for real endpoints (Chat Completions,

@@ -1,9 +1,10 @@
-//! The PostgreSQL engine: a store that many hosts share, in four tables of one database.
+//! The PostgreSQL engine: a store that many hosts share, in six tables of one database.
 //!
-//! The tables mirror redb's (see `layout`): `lineage_meta` (magic, format version, store id),
+//! Four tables mirror redb's (see `layout`): `lineage_meta` (magic, format version, store id),
 //! `lineage_sessions` (the postcard row, with its `next_seq` beside it so a write can be made
 //! conditional on it), `lineage_blocks` (the same block values, keyed by session and first seq)
-//! and `lineage_children`. Values are stored uncompressed (`STORAGE EXTERNAL`): blocks are
+//! and `lineage_children`. Two coordinate the hosts: `lineage_leases` (each session's holder,
+//! fencing token and expiry) and `lineage_mailbox` (messages for sessions another host keeps). Values are stored uncompressed (`STORAGE EXTERNAL`): blocks are
 //! written once and read whole, and compressing them would cost every load.
 //!
 //! The store is synchronous and hosts call it from inside tokio runtimes, so the engine runs

@@ -105,6 +105,9 @@ pub(crate) struct State {
     /// The fencing token of each lease this store holds (see the `lease` module): every write of
     /// the session carries it.
     pub leases: HashMap<SessionId, crate::lease::Held>,
+    /// What the round being committed took of each session: its seqs and the ticket of its first
+    /// block. Not durable until the round ends, though no longer queued.
+    pub committing: HashMap<SessionId, (std::ops::Range<u64>, u64)>,
 }
 
 /// Why a committed round refused one session's write.
@@ -270,13 +273,22 @@ fn not_durable(state: &State, session: Option<SessionId>, target: u64) -> Vec<No
         .iter()
         .filter(|(id, _)| session.is_none_or(|s| s == **id))
         .filter_map(|(id, tail)| {
+            // Taken by a round still under way, then queued: both ranges, in seq order.
+            let committing = state
+                .committing
+                .get(id)
+                .filter(|(_, ticket)| *ticket <= target)
+                .map(|(seqs, _)| seqs.clone());
             let mut waited = tail.pending.iter().filter(|b| b.ticket <= target);
-            let first = waited.next()?;
-            let end = waited.next_back().unwrap_or(first).end_seq();
-            Some(NotDurable {
-                session: *id,
-                seqs: first.first_seq..end,
-            })
+            let queued = waited.next().map(|first| {
+                first.first_seq..waited.next_back().unwrap_or(first).end_seq()
+            });
+            let seqs = match (committing, queued) {
+                (Some(taken), Some(queued)) => taken.start..queued.end,
+                (Some(seqs), None) | (None, Some(seqs)) => seqs,
+                (None, None) => return None,
+            };
+            Some(NotDurable { session: *id, seqs })
         })
         .collect();
     out.sort_by_key(|n| n.session);
@@ -483,6 +495,13 @@ impl Writer {
                 fence: taken.leases.get(session).map(|held| held.fence),
             });
         }
+        state.committing = jobs
+            .iter()
+            .map(|job| {
+                let (first, last) = (&job.blocks[0], &job.blocks[job.blocks.len() - 1]);
+                (job.session, (first.first_seq..last.end_seq(), first.ticket))
+            })
+            .collect();
         let deletions = std::mem::take(&mut state.deletions);
         state.pending_blocks = 0;
         state.flush_requested = false;
@@ -511,6 +530,7 @@ impl Writer {
             Ok(committed) => {
                 drop(writes);
                 let mut state = queue.lock();
+                state.committing.clear();
                 state.attempts += 1;
                 self.finish(&mut state, self.round, watermark, taken, committed, false);
                 queue.wake_waiters.notify_all();
@@ -523,6 +543,7 @@ impl Writer {
         let CommitError { error, in_doubt } = failure;
         tracing::warn!(%error, sessions = jobs.len(), in_doubt = in_doubt.is_some(), "group commit failed; its batches stay queued");
         let mut state = queue.lock();
+        state.committing.clear();
         // Back in front of anything admitted meanwhile: order is kept.
         for job in jobs {
             let count = job.blocks.len();

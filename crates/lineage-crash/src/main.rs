@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod check;
+mod faults;
 mod harness;
 mod model;
 mod plan;
@@ -24,6 +25,7 @@ use writer::WriterArgs;
 
 const USAGE: &str = "\
 usage: lineage-crash --kills N [--seed S] [--dir D]
+       lineage-crash faults [--quick] [--seed S] [--dir D] [--plan KIND:MODE:N:SHAPE]
 
 Starts N writers on one store file, each killed with SIGKILL at a moment chosen from the seed
 (creating the store, right after open, mid-append, mid-flush, mid-fork, mid-repair, at random),
@@ -32,7 +34,15 @@ and checks the store after every kill. Exits 0 when nothing failed, 1 when somet
   --kills N   how many writers to kill
   --seed S    the seed of every choice (decimal or 0x hex; default 0x5eedcafe)
   --dir D     the work directory, kept afterwards (default: a new temporary directory, removed
-              unless something failed); a store file already there is replaced";
+              unless something failed); a store file already there is replaced
+
+`faults` runs the store in-process over a file whose n-th write, fsync, resize or torn write
+(or every operation) fails, once or until cleared, for n swept over a workload of concurrent
+sessions; after each plan the file is reopened plainly and every acknowledged event compared.
+Exits 0 when nothing was lost and no contract was broken, 1 otherwise.
+
+  --quick     the bounded sweep CI runs (the default is the full sweep)
+  --plan P    runs only this plan, as a failure prints it (kind:mode:n:shape)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -44,6 +54,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if args.first().map(String::as_str) == Some("faults") {
+        return run_faults(&args[1..]);
     }
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
@@ -74,6 +87,66 @@ fn main() -> ExitCode {
         println!("the work directory is kept: {}", config.dir.display());
         ExitCode::from(1)
     }
+}
+
+/// `lineage-crash faults …`: the I/O-fault sweep (see `faults`).
+fn run_faults(args: &[String]) -> ExitCode {
+    let (config, temporary) = match parse_faults(args) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("lineage-crash faults: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let totals = match faults::run(&config, |line| println!("{line}")) {
+        Ok(totals) => totals,
+        Err(e) => {
+            eprintln!("lineage-crash faults: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{}", faults::summary(&config, &totals, started.elapsed()));
+    if totals.ok() {
+        if temporary {
+            let _ = std::fs::remove_dir_all(&config.dir);
+        }
+        ExitCode::SUCCESS
+    } else {
+        println!("the work directory is kept: {}", config.dir.display());
+        ExitCode::from(1)
+    }
+}
+
+fn parse_faults(args: &[String]) -> Result<(faults::Config, bool), String> {
+    let (mut quick, mut seed, mut dir, mut only) = (false, 0x5eed_cafe, None, None);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--seed" => seed = number("--seed", it.next())?,
+            "--dir" => dir = Some(PathBuf::from(it.next().ok_or("--dir needs a value")?)),
+            "--plan" => {
+                only = Some(faults::FaultPlan::parse(
+                    it.next().ok_or("--plan needs a value")?,
+                )?)
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let temporary = dir.is_none();
+    let dir = dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("lineage-faults-{}", std::process::id()))
+    });
+    Ok((
+        faults::Config {
+            quick,
+            seed,
+            dir,
+            only,
+        },
+        temporary,
+    ))
 }
 
 fn number(flag: &str, value: Option<&String>) -> Result<u64, String> {

@@ -1,0 +1,180 @@
+//! The check after a plan: the store file, reopened plainly (no faults), verifies, holds every
+//! acknowledged event byte for byte, and nothing that was not admitted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use lineage_log::{Chain, SessionId, encode_record};
+use lineage_store::Store;
+
+use super::workload::Ledger;
+
+/// What the check found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Acknowledged events compared with the store.
+    pub compared: u64,
+    /// Acknowledged events missing or different.
+    pub lost: u64,
+    /// Everything wrong.
+    pub problems: Vec<String>,
+}
+
+/// Opens `path` with `Store::open` and checks it against every thread's ledgers.
+pub fn check(path: &Path, ledgers: &[&Ledger]) -> Verdict {
+    let mut out = Verdict::default();
+    let owed = |l: &&Ledger| l.acked;
+    let store = match Store::open(path) {
+        Ok(store) => store,
+        Err(e) => {
+            out.lost = ledgers.iter().map(owed).sum();
+            out.problems.push(format!(
+                "the store file does not open again, and with it {} acknowledged events: {e}",
+                out.lost
+            ));
+            return out;
+        }
+    };
+    // verify's only allowed finding, an open tail turn, is not a problem in its report.
+    match store.verify() {
+        Ok(report) => {
+            for session in report.failures() {
+                let problems: Vec<String> =
+                    session.problems.iter().map(|p| p.to_string()).collect();
+                out.problems.push(format!(
+                    "verify: session {}: {}",
+                    session.session,
+                    problems.join("; ")
+                ));
+            }
+        }
+        Err(e) => out.problems.push(format!("verify fails: {e}")),
+    }
+    let stored = match store.list() {
+        Ok(infos) => infos,
+        Err(e) => {
+            out.problems.push(format!("list fails: {e}"));
+            return out;
+        }
+    };
+    let by_id: HashMap<SessionId, &Ledger> = ledgers.iter().map(|l| (l.id, *l)).collect();
+    let mut seen = BTreeMap::new();
+    for info in stored {
+        let id = info.header.id;
+        let Some(ledger) = by_id.get(&id) else {
+            out.problems
+                .push(format!("session {id} is stored but no thread created it"));
+            continue;
+        };
+        seen.insert(id, ());
+        compare(&store, ledger, info.len, info.head, &mut out);
+    }
+    for ledger in ledgers {
+        if ledger.acked > 0 && !seen.contains_key(&ledger.id) {
+            out.lost += ledger.acked;
+            out.problems.push(format!(
+                "session {} is not stored; seqs 0..{} were acknowledged",
+                ledger.id, ledger.acked
+            ));
+        }
+    }
+    if let Err(e) = store.close() {
+        out.problems.push(format!("close fails: {e}"));
+    }
+    out
+}
+
+/// One stored session against its ledger: the records read give the row's head digest (so what
+/// is compared is the stored bytes), every acknowledged event is there as admitted, and every
+/// other stored event is one that was admitted.
+fn compare(
+    store: &Store,
+    ledger: &Ledger,
+    len: u64,
+    head: lineage_log::Digest,
+    out: &mut Verdict,
+) {
+    let id = ledger.id;
+    let events = match store.read_from(id, 0) {
+        Ok(events) => events,
+        Err(e) => {
+            out.lost += ledger.acked;
+            out.problems
+                .push(format!("session {id}: the read fails: {e}"));
+            return;
+        }
+    };
+    let mut chain = Chain::new();
+    let records: Vec<Vec<u8>> = events.iter().map(encode_record).collect();
+    for record in &records {
+        chain.update(record);
+    }
+    if events.len() as u64 != len || chain.digest() != head {
+        out.problems.push(format!(
+            "session {id}: {} events read whose records give {}, the row says {len} events and {head}",
+            events.len(),
+            chain.digest()
+        ));
+    }
+    let (mut missing, mut altered, mut strays) = (Vec::new(), Vec::new(), Vec::new());
+    for seq in 0..ledger.acked.max(records.len() as u64) {
+        let admitted = ledger.admitted.get(seq as usize).map(encode_record);
+        let stored = records.get(seq as usize);
+        let acknowledged = seq < ledger.acked;
+        if acknowledged {
+            out.compared += 1;
+        }
+        match (stored, admitted) {
+            (None, _) => missing.push(seq),
+            (Some(stored), Some(admitted)) if *stored == admitted => {}
+            (Some(_), _) if acknowledged => altered.push(seq),
+            (Some(_), _) => strays.push(seq),
+        }
+    }
+    if !missing.is_empty() || !altered.is_empty() {
+        out.lost += (missing.len() + altered.len()) as u64;
+        out.problems.push(format!(
+            "session {id}: {} acknowledged events missing ({}), {} different ({}); stored {}, \
+             acknowledged {}, admitted {} in batches {}",
+            missing.len(),
+            seqs(&missing),
+            altered.len(),
+            seqs(&altered),
+            records.len(),
+            ledger.acked,
+            ledger.end(),
+            batches(&ledger.batches)
+        ));
+    }
+    if !strays.is_empty() {
+        out.problems.push(format!(
+            "session {id}: {} stored events were not admitted as stored ({})",
+            strays.len(),
+            seqs(&strays)
+        ));
+    }
+}
+
+/// A short list of seqs: the first few and how many more.
+fn seqs(seqs: &[u64]) -> String {
+    if seqs.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = seqs.iter().take(5).map(u64::to_string).collect();
+    if seqs.len() > 5 {
+        format!("seqs {} and {} more", shown.join(", "), seqs.len() - 5)
+    } else {
+        format!("seqs {}", shown.join(", "))
+    }
+}
+
+/// The last few batches, as seq ranges.
+fn batches(batches: &[std::ops::Range<u64>]) -> String {
+    let from = batches.len().saturating_sub(6);
+    let shown: Vec<String> = batches[from..]
+        .iter()
+        .map(|b| format!("{}..{}", b.start, b.end))
+        .collect();
+    let more = if from > 0 { "…, " } else { "" };
+    format!("{more}{}", shown.join(", "))
+}

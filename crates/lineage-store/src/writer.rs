@@ -280,9 +280,9 @@ fn not_durable(state: &State, session: Option<SessionId>, target: u64) -> Vec<No
                 .filter(|(_, ticket)| *ticket <= target)
                 .map(|(seqs, _)| seqs.clone());
             let mut waited = tail.pending.iter().filter(|b| b.ticket <= target);
-            let queued = waited.next().map(|first| {
-                first.first_seq..waited.next_back().unwrap_or(first).end_seq()
-            });
+            let queued = waited
+                .next()
+                .map(|first| first.first_seq..waited.next_back().unwrap_or(first).end_seq());
             let seqs = match (committing, queued) {
                 (Some(taken), Some(queued)) => taken.start..queued.end,
                 (Some(seqs), None) | (None, Some(seqs)) => seqs,

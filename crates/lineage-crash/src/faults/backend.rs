@@ -436,7 +436,11 @@ mod tests {
         // A write shorter than two sectors keeps nothing.
         switch.arm(Kind::Torn, Mode::Once, 1);
         assert!(file.write(5000, &[9; 1000]).is_err());
-        assert!(std::fs::read(&path).unwrap()[5000..6000].iter().all(|b| *b == 0));
+        assert!(
+            std::fs::read(&path).unwrap()[5000..6000]
+                .iter()
+                .all(|b| *b == 0)
+        );
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
 
-pub use backend::{Kind, Mode};
 use backend::{FaultyFile, OpCounts, Switch};
+pub use backend::{Kind, Mode};
 pub use plan::FaultPlan;
 use plan::{FULL, QUICK, STEPS, STICKY_STEPS, Shape, Sweep, THREADS, WARMUP_STEPS};
 use workload::{Calls, Ledger, Worker, create_sessions};
@@ -129,7 +129,14 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
     if let Some(plan) = config.only {
         let shape = Shape::of(plan.shape);
         let outcome = supervised(Some(plan), &shape, &config.dir, &mut runs)?;
-        tally(&mut totals, Some(plan), &shape, outcome, config, &mut progress);
+        tally(
+            &mut totals,
+            Some(plan),
+            &shape,
+            outcome,
+            config,
+            &mut progress,
+        );
         return Ok(totals);
     }
     let sweep: Sweep = if config.quick { QUICK } else { FULL };
@@ -161,7 +168,14 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
         ));
         for plan in plans {
             let outcome = supervised(Some(plan), &shape, &config.dir, &mut runs)?;
-            tally(&mut totals, Some(plan), &shape, outcome, config, &mut progress);
+            tally(
+                &mut totals,
+                Some(plan),
+                &shape,
+                outcome,
+                config,
+                &mut progress,
+            );
         }
     }
     Ok(totals)
@@ -257,8 +271,7 @@ fn supervised(
     *runs += 1;
     let dir = plan_dir(dir);
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let calls = Arc::new(Calls::new(THREADS + 1));
     let (done, finished) = mpsc::channel();
     let (watched, shape_run) = (calls.clone(), shape.clone());
@@ -281,7 +294,9 @@ fn supervised(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         let hang = if let Some((what, ran)) = calls.overdue(CALL_TIMEOUT) {
-            Some(format!("hang: a call to {what} has not returned after {ran:.0?}"))
+            Some(format!(
+                "hang: a call to {what} has not returned after {ran:.0?}"
+            ))
         } else if started.elapsed() > PLAN_TIMEOUT {
             Some(format!(
                 "hang: the plan has not finished after {PLAN_TIMEOUT:?}"
@@ -336,17 +351,7 @@ fn run_plan(plan: Option<FaultPlan>, shape: &Shape, dir: &Path, calls: &Calls) -
     let mut workers: Vec<Worker<'_>> = sessions
         .iter()
         .enumerate()
-        .map(|(t, own)| {
-            Worker::new(
-                t,
-                shape.thread_seed(t),
-                own,
-                &store,
-                &switch,
-                calls,
-                &known,
-            )
-        })
+        .map(|(t, own)| Worker::new(t, shape.thread_seed(t), own, &store, &switch, calls, &known))
         .collect();
     run_workload(plan, &mut workers, &switch);
     out.counts = switch.counts();
@@ -470,7 +475,15 @@ pub fn summary(config: &Config, totals: &Totals, took: Duration) -> String {
     let _ = writeln!(
         s,
         "  {:<10} {:<6} {:>6} {:>9} {:>10} {:>7} {:>12} {:>5} {:>9}",
-        "kind", "mode", "plans", "injected", "failed ops", "errors", "acked events", "lost", "failures"
+        "kind",
+        "mode",
+        "plans",
+        "injected",
+        "failed ops",
+        "errors",
+        "acked events",
+        "lost",
+        "failures"
     );
     let mut line = |kind: &str, mode: &str, r: &Row| {
         let _ = writeln!(
@@ -508,7 +521,10 @@ pub fn summary(config: &Config, totals: &Totals, took: Duration) -> String {
             s,
             "    {}: {}",
             describe(failed.plan, &Shape::of(failed.shape)),
-            failed.problems.first().map_or("lost events", String::as_str)
+            failed
+                .problems
+                .first()
+                .map_or("lost events", String::as_str)
         );
         if let Some(kept) = &failed.kept {
             let _ = writeln!(s, "      kept: {}", kept.display());

@@ -231,7 +231,11 @@ mod tests {
                     .filter(|p| p.kind == kind && p.mode == mode)
                     .map(|p| p.nth)
                     .collect();
-                assert_eq!(of.len() as u64, count(kind).min(QUICK.points), "{kind} {mode}");
+                assert_eq!(
+                    of.len() as u64,
+                    count(kind).min(QUICK.points),
+                    "{kind} {mode}"
+                );
                 assert!(of.iter().all(|n| (1..=count(kind)).contains(n)));
             }
         }
@@ -262,10 +266,18 @@ mod tests {
             (b.sessions, b.options.commit_window, b.options.block_events)
         );
         let shapes: Vec<Shape> = (0..100).map(Shape::of).collect();
-        assert!(shapes.iter().all(|s| s.sessions.len() == THREADS
-            && s.sessions.iter().all(|n| (1..=3).contains(n))));
+        assert!(
+            shapes
+                .iter()
+                .all(|s| s.sessions.len() == THREADS
+                    && s.sessions.iter().all(|n| (1..=3).contains(n)))
+        );
         assert!(shapes.iter().any(|s| s.options.block_events == 4));
-        assert!(shapes.iter().any(|s| s.options.commit_window == Duration::from_millis(1)));
+        assert!(
+            shapes
+                .iter()
+                .any(|s| s.options.commit_window == Duration::from_millis(1))
+        );
         assert_ne!(shapes[0].thread_seed(0), shapes[0].thread_seed(1));
     }
 }

@@ -87,13 +87,7 @@ pub fn check(path: &Path, ledgers: &[&Ledger]) -> Verdict {
 /// One stored session against its ledger: the records read give the row's head digest (so what
 /// is compared is the stored bytes), every acknowledged event is there as admitted, and every
 /// other stored event is one that was admitted.
-fn compare(
-    store: &Store,
-    ledger: &Ledger,
-    len: u64,
-    head: lineage_log::Digest,
-    out: &mut Verdict,
-) {
+fn compare(store: &Store, ledger: &Ledger, len: u64, head: lineage_log::Digest, out: &mut Verdict) {
     let id = ledger.id;
     let events = match store.read_from(id, 0) {
         Ok(events) => events,

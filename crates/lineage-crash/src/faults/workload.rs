@@ -352,9 +352,7 @@ impl<'a> Worker<'a> {
                 {
                     ledger.refused = true;
                 }
-                self.problem(format!(
-                    "{what}: an error other than CommitFailed: {error}"
-                ));
+                self.problem(format!("{what}: an error other than CommitFailed: {error}"));
             }
         }
     }

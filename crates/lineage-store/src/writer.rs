@@ -579,11 +579,11 @@ impl Writer {
         // after its write reached the store is then finished, not failed.
         let resolved = self.resolve(&doubt);
         let mut state = queue.lock();
-        let settled = match resolved {
+        let landed = match resolved {
             Ok(true) => self.settle_doubt(&mut state, doubt, Ok(true)),
             Ok(false) => {
                 self.fail(&mut state, error);
-                true
+                false
             }
             Err(_) => {
                 // The commit's own error says more than the failed read-back.
@@ -593,7 +593,9 @@ impl Writer {
             }
         };
         queue.wake_waiters.notify_all();
-        settled || !shutting_down
+        // At shutdown a round that failed was the last attempt: retrying storage that keeps
+        // failing would hold the closing store forever.
+        landed || !shutting_down
     }
 
     /// Asks the engine whether a round in doubt is in the store.

@@ -16,10 +16,10 @@ mod plan;
 mod verdict;
 mod workload;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, mpsc};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use lineage_store::Store;
@@ -33,6 +33,8 @@ use workload::{Calls, Ledger, Worker, create_sessions};
 
 /// The store file's name in a plan's directory.
 const STORE_FILE: &str = "sessions.lineage";
+/// The copy of the store file a sticky fault left (see [`Frozen`]).
+const FROZEN_FILE: &str = "frozen.lineage";
 /// A store call that has not returned after this long is hung.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A plan that has not finished after this long is hung, wherever it is stuck.
@@ -353,7 +355,7 @@ fn run_plan(plan: Option<FaultPlan>, shape: &Shape, dir: &Path, calls: &Calls) -
         .enumerate()
         .map(|(t, own)| Worker::new(t, shape.thread_seed(t), own, &store, &switch, calls, &known))
         .collect();
-    run_workload(plan, &mut workers, &switch);
+    let frozen = run_workload(plan, &mut workers, &switch, dir);
     out.counts = switch.counts();
     out.injected = switch.failed() > 0;
     out.failed_ops = switch.failed();
@@ -371,39 +373,88 @@ fn run_plan(plan: Option<FaultPlan>, shape: &Shape, dir: &Path, calls: &Calls) -
         out.problems.extend(worker.found.problems);
         ledgers.extend(worker.ledgers);
     }
-    let ledgers: Vec<&Ledger> = ledgers.iter().collect();
+    let final_acks: Vec<(&Ledger, u64)> = ledgers.iter().map(|l| (l, l.acked)).collect();
     let closed = calls.during(THREADS, "close", || store.close());
     if let Err(e) = closed {
         out.problems
             .push(format!("close after storage recovered fails: {e}"));
     }
-    let verdict = calls.during(THREADS, "the check", || verdict::check(&path, &ledgers));
+    let verdict = calls.during(THREADS, "the check", || verdict::check(&path, &final_acks));
     out.compared = verdict.compared;
     out.lost = verdict.lost;
     out.problems.extend(verdict.problems);
+    if let Some(frozen) = frozen {
+        check_frozen(&frozen, &ledgers, calls, &mut out);
+    }
     out
+}
+
+/// The store file as a sticky fault that lets no write through (`write`, `everything`) left it,
+/// copied just before the fault was cleared, with what was acknowledged then: the machine dying
+/// before storage recovers. Nothing written since the fault fired reached the file, so every
+/// event acknowledged meanwhile must already have been in it.
+struct Frozen {
+    path: PathBuf,
+    acked: HashMap<lineage_log::SessionId, u64>,
+}
+
+/// Whether a plan's fault keeps every write from the file while it lasts.
+fn freezes(plan: Option<FaultPlan>) -> bool {
+    plan.is_some_and(|p| p.mode == Mode::Sticky && matches!(p.kind, Kind::Write | Kind::Everything))
+}
+
+fn check_frozen(frozen: &Frozen, ledgers: &[Ledger], calls: &Calls, out: &mut Outcome) {
+    let acks: Vec<(&Ledger, u64)> = ledgers
+        .iter()
+        .map(|l| (l, frozen.acked.get(&l.id).copied().unwrap_or(0)))
+        .collect();
+    let verdict = calls.during(THREADS, "the check of the frozen file", || {
+        verdict::check(&frozen.path, &acks)
+    });
+    out.compared += verdict.compared;
+    out.lost += verdict.lost;
+    out.problems.extend(
+        verdict
+            .problems
+            .into_iter()
+            .map(|p| format!("the file as the failing storage left it: {p}")),
+    );
 }
 
 /// Runs every worker on its own thread: the warm-up, then (all threads waiting) the fault armed
 /// and the operations counted from there, then the steps; in sticky mode the fault is cleared once
 /// every thread took [`STICKY_STEPS`] more steps after it fired (or all of them finished).
-fn run_workload(plan: Option<FaultPlan>, workers: &mut [Worker<'_>], switch: &Switch) {
+///
+/// A plan whose fault [`freezes`] the file gets the file copied, with what was acknowledged, just
+/// before the fault is cleared (see [`Frozen`]).
+fn run_workload(
+    plan: Option<FaultPlan>,
+    workers: &mut [Worker<'_>],
+    switch: &Switch,
+    dir: &Path,
+) -> Option<Frozen> {
     let threads = workers.len();
+    let acks = Mutex::new(HashMap::new());
+    let mut frozen = None;
     let armed = Barrier::new(threads + 1);
     let started = Barrier::new(threads + 1);
     let steps = AtomicU64::new(0);
     let finished = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for worker in workers.iter_mut() {
-            let (armed, started, steps, finished) = (&armed, &started, &steps, &finished);
+            let (armed, started, steps, finished, acks) =
+                (&armed, &started, &steps, &finished, &acks);
             scope.spawn(move || {
                 for _ in 0..WARMUP_STEPS {
                     worker.step();
+                    worker.publish(acks);
                 }
                 armed.wait();
                 started.wait();
                 for _ in 0..STEPS {
-                    if !worker.step() {
+                    let more = worker.step();
+                    worker.publish(acks);
+                    if !more {
                         break;
                     }
                     steps.fetch_add(1, Ordering::SeqCst);
@@ -423,12 +474,35 @@ fn run_workload(plan: Option<FaultPlan>, workers: &mut [Worker<'_>], switch: &Sw
             if sticky && switch.fired() {
                 let at = *fired_at.get_or_insert(steps.load(Ordering::SeqCst));
                 if steps.load(Ordering::SeqCst) >= at + STICKY_STEPS * threads as u64 {
+                    frozen = frozen.take().or_else(|| freeze(plan, dir, &acks));
                     switch.clear();
                 }
             }
             std::thread::sleep(Duration::from_millis(1));
         }
     });
+    // A fault that fired late is still on: the file is copied before the caller clears it.
+    if switch.fired() {
+        frozen = frozen.or_else(|| freeze(plan, dir, &acks));
+    }
+    frozen
+}
+
+/// Copies the store file for [`check_frozen`] if the plan's fault [`freezes`] it.
+fn freeze(
+    plan: Option<FaultPlan>,
+    dir: &Path,
+    acks: &Mutex<HashMap<lineage_log::SessionId, u64>>,
+) -> Option<Frozen> {
+    if !freezes(plan) {
+        return None;
+    }
+    let path = dir.join(FROZEN_FILE);
+    std::fs::copy(dir.join(STORE_FILE), &path).ok()?;
+    // Taken after the copy: whatever was acknowledged until now was acknowledged while no write
+    // reached the file.
+    let acked = acks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Some(Frozen { path, acked })
 }
 
 /// Storage works again: `flush_all` must succeed, after at most a few calls that report the

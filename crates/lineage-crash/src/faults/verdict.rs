@@ -20,10 +20,11 @@ pub struct Verdict {
     pub problems: Vec<String>,
 }
 
-/// Opens `path` with `Store::open` and checks it against every thread's ledgers.
-pub fn check(path: &Path, ledgers: &[&Ledger]) -> Verdict {
+/// Opens `path` with `Store::open` and checks it against every thread's ledgers, each with the
+/// end of what is acknowledged to be in this file.
+pub fn check(path: &Path, ledgers: &[(&Ledger, u64)]) -> Verdict {
     let mut out = Verdict::default();
-    let owed = |l: &&Ledger| l.acked;
+    let owed = |(_, acked): &(&Ledger, u64)| *acked;
     let store = match Store::open(path) {
         Ok(store) => store,
         Err(e) => {
@@ -57,24 +58,27 @@ pub fn check(path: &Path, ledgers: &[&Ledger]) -> Verdict {
             return out;
         }
     };
-    let by_id: HashMap<SessionId, &Ledger> = ledgers.iter().map(|l| (l.id, *l)).collect();
+    let by_id: HashMap<SessionId, (&Ledger, u64)> = ledgers
+        .iter()
+        .map(|(l, acked)| (l.id, (*l, *acked)))
+        .collect();
     let mut seen = BTreeMap::new();
     for info in stored {
         let id = info.header.id;
-        let Some(ledger) = by_id.get(&id) else {
+        let Some(&(ledger, acked)) = by_id.get(&id) else {
             out.problems
                 .push(format!("session {id} is stored but no thread created it"));
             continue;
         };
         seen.insert(id, ());
-        compare(&store, ledger, info.len, info.head, &mut out);
+        compare(&store, ledger, acked, info.len, info.head, &mut out);
     }
-    for ledger in ledgers {
-        if ledger.acked > 0 && !seen.contains_key(&ledger.id) {
-            out.lost += ledger.acked;
+    for (ledger, acked) in ledgers {
+        if *acked > 0 && !seen.contains_key(&ledger.id) {
+            out.lost += acked;
             out.problems.push(format!(
-                "session {} is not stored; seqs 0..{} were acknowledged",
-                ledger.id, ledger.acked
+                "session {} is not stored; seqs 0..{acked} were acknowledged",
+                ledger.id
             ));
         }
     }
@@ -87,12 +91,19 @@ pub fn check(path: &Path, ledgers: &[&Ledger]) -> Verdict {
 /// One stored session against its ledger: the records read give the row's head digest (so what
 /// is compared is the stored bytes), every acknowledged event is there as admitted, and every
 /// other stored event is one that was admitted.
-fn compare(store: &Store, ledger: &Ledger, len: u64, head: lineage_log::Digest, out: &mut Verdict) {
+fn compare(
+    store: &Store,
+    ledger: &Ledger,
+    acked: u64,
+    len: u64,
+    head: lineage_log::Digest,
+    out: &mut Verdict,
+) {
     let id = ledger.id;
     let events = match store.read_from(id, 0) {
         Ok(events) => events,
         Err(e) => {
-            out.lost += ledger.acked;
+            out.lost += acked;
             out.problems
                 .push(format!("session {id}: the read fails: {e}"));
             return;
@@ -111,10 +122,10 @@ fn compare(store: &Store, ledger: &Ledger, len: u64, head: lineage_log::Digest, 
         ));
     }
     let (mut missing, mut altered, mut strays) = (Vec::new(), Vec::new(), Vec::new());
-    for seq in 0..ledger.acked.max(records.len() as u64) {
+    for seq in 0..acked.max(records.len() as u64) {
         let admitted = ledger.admitted.get(seq as usize).map(encode_record);
         let stored = records.get(seq as usize);
-        let acknowledged = seq < ledger.acked;
+        let acknowledged = seq < acked;
         if acknowledged {
             out.compared += 1;
         }
@@ -135,7 +146,7 @@ fn compare(store: &Store, ledger: &Ledger, len: u64, head: lineage_log::Digest, 
             altered.len(),
             seqs(&altered),
             records.len(),
-            ledger.acked,
+            acked,
             ledger.end(),
             batches(&ledger.batches)
         ));

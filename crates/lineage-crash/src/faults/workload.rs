@@ -9,7 +9,7 @@
 //! last admitted). So a session the call waited for and that is not named is durable through its
 //! last admitted event, and a named one is durable up to where its range starts.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -416,6 +416,14 @@ impl<'a> Worker<'a> {
                     names.len()
                 )),
             }
+        }
+    }
+
+    /// Makes what this thread holds acknowledged known to `acks`, by session.
+    pub fn publish(&self, acks: &Mutex<HashMap<SessionId, u64>>) {
+        let mut acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+        for ledger in &self.ledgers {
+            acks.insert(ledger.id, ledger.acked);
         }
     }
 

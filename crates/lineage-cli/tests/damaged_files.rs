@@ -253,3 +253,114 @@ fn a_garbled_page_anywhere_gets_one_sentence_of_lineage_s_own() {
     }
     assert!(refused > 0, "some garbled page hit the engine's own pages");
 }
+
+/// The address space a command runs in below: a damaged block that asked for its claimed size
+/// would not fit, while what the store's limits let one block take does.
+const ADDRESS_SPACE_KIB: u64 = 1 << 20;
+
+/// `lineage args…` in a shell that first limits its address space.
+fn run_limited(args: &[&str]) -> Run {
+    let script = format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\"");
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_lineage"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("sh runs");
+    Run {
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// A block of the large session replaced by one whose compressed body records `raw_len` bytes
+/// and holds `payload`, its record count kept. Returns the block's first seq.
+fn plant(path: &Path, session: SessionId, raw_len: u64, payload: &[u8]) -> u64 {
+    use redb::ReadableTable;
+    const EVENTS: redb::TableDefinition<(u128, u64), &[u8]> =
+        redb::TableDefinition::new("lineage/events");
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    let first_seq;
+    {
+        let mut events = txn.open_table(EVENTS).unwrap();
+        let id = session.as_u128();
+        let (key, count) = {
+            let mut range = events.range((id, 0)..=(id, u64::MAX)).unwrap();
+            let (key, value) = range.nth(2).expect("the session has blocks").unwrap();
+            (key.value().1, value.value()[..4].to_vec())
+        };
+        first_seq = key;
+        let mut value = count;
+        value.extend_from_slice(&[0; 32]);
+        value.push(1); // an LZ4 body
+        let mut len = raw_len;
+        while len >= 0x80 {
+            value.push(len as u8 | 0x80);
+            len >>= 7;
+        }
+        value.push(len as u8);
+        value.extend_from_slice(payload);
+        events.insert((id, key), value.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    first_seq
+}
+
+/// A block whose recorded length lies (10 GiB from 4 MB of bytes) and a real decompression bomb
+/// (zeros that expand 255 to 1): under a 1 GiB address space every command still answers, with
+/// its own words and its usual exit code, and the commands that read the block name it.
+#[test]
+fn a_block_that_lies_about_its_size_is_read_within_the_memory_bound_by_every_command() {
+    let bomb = lz4_flex::block::compress(&vec![0u8; 3 << 30 >> 2]);
+    let noise: Vec<u8> = {
+        let mut rng = SplitMix64::new(0x1ab);
+        (0..4_200_000).map(|_| rng.next_u64() as u8).collect()
+    };
+    let cases: [(&str, u64, &[u8]); 2] = [
+        ("a lying length", 10 << 30, &noise),
+        ("a bomb", 3 << 30 >> 2, &bomb),
+    ];
+    for (what, raw_len, payload) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, session, _) = store(dir.path());
+        let first_seq = plant(&path, session, raw_len, payload);
+        let named = format!("{first_seq}");
+        for r in every_command(&path, session).iter().map(|r| {
+            let args: Vec<&str> = r.args.iter().map(String::as_str).collect();
+            run_limited(&args)
+        }) {
+            r.speaks_lineage();
+            assert!(
+                matches!(r.code, Some(0 | 1 | 3)),
+                "{what}: {:?} exit {:?}\nstdout: {}\nstderr: {}",
+                r.args,
+                r.code,
+                r.stdout.chars().take(500).collect::<String>(),
+                r.stderr
+            );
+            let reads_the_block =
+                matches!(r.args[0].as_str(), "show" | "fold" | "verify" | "export");
+            if reads_the_block {
+                let said = format!("{}{}", r.stdout, r.stderr);
+                assert!(
+                    r.code != Some(0) && said.contains(&named),
+                    "{what}: {:?} names the block at seq {first_seq}: exit {:?}\n{}",
+                    r.args,
+                    r.code,
+                    said.chars()
+                        .rev()
+                        .take(600)
+                        .collect::<String>()
+                        .chars()
+                        .rev()
+                        .collect::<String>()
+                );
+            }
+        }
+    }
+}

@@ -124,6 +124,21 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
+    /// An event's record is larger than the store keeps ([`crate::MAX_RECORD_BYTES`]); its batch
+    /// is refused whole.
+    #[error(
+        "append to session {session}: the event at seq {seq} is {bytes} bytes as a record, more than the {limit} a record may take"
+    )]
+    RecordTooLarge {
+        /// The session.
+        session: SessionId,
+        /// The event's seq.
+        seq: u64,
+        /// Its record's size.
+        bytes: usize,
+        /// The most a record may take.
+        limit: usize,
+    },
     /// A stored session header does not decode or disagrees with its blocks.
     #[error("corrupt header of session {session}: {reason}")]
     CorruptHeader {

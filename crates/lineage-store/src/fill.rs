@@ -20,7 +20,7 @@ use std::ops::Range;
 use lineage_log::{Chain, Digest, split_record};
 
 use crate::StoreOptions;
-use crate::layout::{encode_block, set_block_digest};
+use crate::layout::{MAX_BLOCK_RECORDS, MAX_RECORD_BYTES, encode_block, set_block_digest};
 use crate::writer::PendingBlock;
 
 /// A block counts as full from this share of `block_bytes` (in percent): filling it further is
@@ -186,14 +186,16 @@ fn cut(
         rest = after;
     }
     let limit = options.block_bytes;
-    let max_events = options.block_events.max(1);
+    let max_events = options.block_events.clamp(1, MAX_BLOCK_RECORDS);
     let mut out = Vec::new();
     let mut start = 0;
     while start < ends.len() {
         let from = if start == 0 { 0 } else { ends[start - 1] };
         // The most records after `start` within `raw` record bytes (and the event limit), at
-        // least one.
+        // least one. Never more than a record's limit of them, so that every block is within
+        // what a reader accepts (`MAX_BLOCK_BYTES`), however well its records compress.
         let fit = |raw: usize| {
+            let raw = raw.min(MAX_RECORD_BYTES);
             let most = ends.len().min(start + max_events);
             let within = ends[start..most].partition_point(|&end| end - from <= raw);
             (start + within).max(start + 1)
@@ -244,4 +246,37 @@ fn cut(
         start = end;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lineage_log::{Encoder, Event, EventBody, TurnStart};
+
+    /// However large the options allow blocks to be, the writer cuts them within what a reader
+    /// accepts: at most `MAX_BLOCK_RECORDS` records, and records compressing as well as these
+    /// (identical tiny events) still end a block before `MAX_BLOCK_BYTES`.
+    #[test]
+    fn blocks_are_cut_within_the_readers_limits() {
+        let options = StoreOptions {
+            block_events: usize::MAX,
+            block_bytes: usize::MAX / 1024,
+            ..StoreOptions::default()
+        };
+        let events: Vec<Event> = (0..150_000u64)
+            .map(|seq| Event::new(seq, 0, EventBody::TurnStart(TurnStart { turn: 1 })))
+            .collect();
+        let mut records = Vec::new();
+        Encoder::new().encode_all(&events, &mut records);
+        let cuts = cut(0, &records, Chain::new(), &options, &mut Ratio::default());
+        assert!(cuts.len() >= 3, "{} blocks", cuts.len());
+        let mut seq = 0;
+        for block in &cuts {
+            assert_eq!(block.first_seq, seq);
+            assert!(block.count as usize <= MAX_BLOCK_RECORDS, "{}", block.count);
+            assert!(block.bytes.len() <= MAX_RECORD_BYTES);
+            seq += u64::from(block.count);
+        }
+        assert_eq!(seq, 150_000);
+    }
 }

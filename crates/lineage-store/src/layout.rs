@@ -32,6 +32,18 @@ pub(crate) const META_STORE_ID: &str = "store_id";
 /// Size of a block's header: record count (u32 LE) then the running digest at its last record.
 pub(crate) const BLOCK_HEADER_LEN: usize = 4 + 32;
 
+/// The largest record (one event, framed) the store accepts: an admission holding a larger one
+/// is refused ([`StoreError::RecordTooLarge`]).
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+/// The most records one block holds: the writer never cuts more, and a block header counting more
+/// is damage. It bounds what opening one block allocates per record.
+pub const MAX_BLOCK_RECORDS: usize = 1 << 16;
+/// The most bytes one block's records take, canonical or packed: a block whose stated or actual
+/// size is larger is damage, found before anything that size is allocated. A block of several
+/// records holds at most [`MAX_RECORD_BYTES`] of canonical records (the writer cuts there), and
+/// packing adds at most ten bytes a record, so every block the writer makes is within it.
+pub const MAX_BLOCK_BYTES: usize = MAX_RECORD_BYTES + 10 * MAX_BLOCK_RECORDS;
+
 /// A session's row in `sessions`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SessionRecord {
@@ -142,6 +154,14 @@ impl<'a> Block<'a> {
         if count == 0 {
             return Err(corrupt(session, first_seq, 1, "holds no records"));
         }
+        if count as usize > MAX_BLOCK_RECORDS {
+            return Err(corrupt(
+                session,
+                first_seq,
+                1,
+                &format!("counts {count} records, more than the {MAX_BLOCK_RECORDS} a block holds"),
+            ));
+        }
         // Keeps seq arithmetic from overflowing: the seq after every block that parses (its
         // `last_seq + 1`) is representable.
         if first_seq.checked_add(u64::from(count)).is_none() {
@@ -221,11 +241,18 @@ fn packed_entries<'a>(
         BODY_LZ4 => {
             let (raw_len, compressed) =
                 lineage_log::take_varint(body).ok_or("bad uncompressed length")?;
-            // LZ4 expands a byte into at most 255, which bounds what a damaged length allocates.
-            let raw_len = usize::try_from(raw_len)
-                .ok()
-                .filter(|&len| len <= compressed.len().saturating_mul(255))
-                .ok_or("an uncompressed length the compressed bytes cannot hold")?;
+            // Checked before anything is allocated: no block the writer makes is larger, and LZ4
+            // expands a byte into at most 255.
+            let raw_len = usize::try_from(raw_len).unwrap_or(usize::MAX);
+            if raw_len > MAX_BLOCK_BYTES {
+                return Err(format!(
+                    "records an uncompressed length of {raw_len} bytes, more than the \
+                     {MAX_BLOCK_BYTES} a block may hold"
+                ));
+            }
+            if raw_len > compressed.len().saturating_mul(255) {
+                return Err("an uncompressed length the compressed bytes cannot hold".into());
+            }
             packed.clear();
             packed.resize(raw_len, 0);
             let written = lz4_flex::block::decompress_into(compressed, packed)
@@ -326,6 +353,69 @@ mod tests {
             }
             other => panic!("expected a corrupt block, got {other:?}"),
         }
+    }
+
+    /// A format-2 block value: a header counting `count` records, then `body` as it is.
+    fn block_value(count: u32, body: &[u8]) -> Vec<u8> {
+        let mut value = count.to_le_bytes().to_vec();
+        value.extend_from_slice(&[0; 32]);
+        value.extend_from_slice(body);
+        value
+    }
+
+    fn refusal(value: &[u8]) -> String {
+        match Block::parse(BlockFormat::V2, SessionId::from_u128(7), 40, value) {
+            Err(StoreError::CorruptBlock {
+                session,
+                first_seq,
+                reason,
+                ..
+            }) => {
+                assert_eq!((session, first_seq), (SessionId::from_u128(7), 40));
+                reason
+            }
+            other => panic!("expected a corrupt block, got {other:?}"),
+        }
+    }
+
+    /// A compressed body whose recorded length is 10 GiB, or just past the limit, or more than its
+    /// compressed bytes can expand to, is damage named before anything that size is allocated.
+    #[test]
+    fn a_lying_uncompressed_length_is_refused_before_anything_is_allocated() {
+        for (raw_len, says) in [
+            (10u64 << 30, "more than the"),
+            (MAX_BLOCK_BYTES as u64 + 1, "more than the"),
+            (255 * 1000 + 1, "cannot hold"),
+        ] {
+            let mut body = vec![BODY_LZ4];
+            lineage_log::put_varint(&mut body, raw_len);
+            body.extend_from_slice(&[0x11; 1000]);
+            let reason = refusal(&block_value(1, &body));
+            assert!(reason.contains(says), "{raw_len}: {reason}");
+        }
+    }
+
+    /// A real decompression bomb: 80 MiB of zeros compress to a few hundred kilobytes, and are
+    /// refused by their stated length; a body that states a small length but decompresses past it
+    /// is refused by the decompressor's bound.
+    #[test]
+    fn a_decompression_bomb_is_refused() {
+        let zeros = vec![0u8; 80 << 20];
+        let compressed = lz4_flex::block::compress(&zeros);
+        assert!(compressed.len() < 1 << 20);
+        for stated in [zeros.len(), 4096] {
+            let mut body = vec![BODY_LZ4];
+            lineage_log::put_varint(&mut body, stated as u64);
+            body.extend_from_slice(&compressed);
+            refusal(&block_value(1, &body));
+        }
+    }
+
+    /// A header counting more records than a block holds is damage before its body is read.
+    #[test]
+    fn a_count_past_the_records_a_block_holds_is_refused() {
+        let reason = refusal(&block_value(MAX_BLOCK_RECORDS as u32 + 1, &[BODY_PACKED]));
+        assert!(reason.contains("more than the 65536"), "{reason}");
     }
 
     /// The session rows of `schema/golden/session.txt` decode with the store's own type and

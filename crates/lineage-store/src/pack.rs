@@ -21,6 +21,8 @@ use lineage_log::{
     split_record, take_varint,
 };
 
+use crate::layout::{MAX_BLOCK_BYTES, MAX_BLOCK_RECORDS};
+
 /// The tag of `assistant/chunk`, the only kind that forms runs.
 const CHUNK_TAG: u32 = 6;
 /// Flag bit 1 of a packed entry: the entry is a run. (Bit 1 is reserved in canonical records, so
@@ -193,6 +195,7 @@ pub(crate) fn walk<E>(
     let mut rest = packed;
     let mut previous = 0i64;
     let mut count = 0u64;
+    let mut canonical = 0usize;
     let mut len_bytes = [0u8; 10];
     while !rest.is_empty() {
         let entry = count;
@@ -216,6 +219,7 @@ pub(crate) fn walk<E>(
                 time_ms,
                 payload: [payload, &[], &[]],
             };
+            spend(&mut canonical, &record, count)?;
             visit(count, record).map_err(WalkError::Visit)?;
             previous = time_ms;
             count += 1;
@@ -265,6 +269,7 @@ pub(crate) fn walk<E>(
                 time_ms,
                 payload: [head, &len_bytes[..len_len], text],
             };
+            spend(&mut canonical, &record, count)?;
             visit(count, record).map_err(WalkError::Visit)?;
             count += 1;
         }
@@ -274,6 +279,29 @@ pub(crate) fn walk<E>(
         previous = time_ms;
     }
     Ok(count)
+}
+
+/// Counts the record numbered `index` against what one block may hold: at most
+/// [`MAX_BLOCK_RECORDS`] records of [`MAX_BLOCK_BYTES`] canonical bytes in all. So no packing,
+/// however damaged (a run repeats its shared fields for every member), unpacks or decodes to more
+/// than a block the writer could have made.
+fn spend<E>(canonical: &mut usize, record: &Unpacked<'_>, index: u64) -> Result<(), WalkError<E>> {
+    if index >= MAX_BLOCK_RECORDS as u64 {
+        return Err(WalkError::Packing(format!(
+            "unpacks to more than the {MAX_BLOCK_RECORDS} records a block holds"
+        )));
+    }
+    let body = varint_len(record.tag)
+        + 1
+        + varint_len(zigzag(record.time_ms))
+        + record.payload.iter().map(|p| p.len()).sum::<usize>();
+    *canonical = canonical.saturating_add(varint_len(body as u64) + body);
+    if *canonical > MAX_BLOCK_BYTES {
+        return Err(WalkError::Packing(format!(
+            "unpacks to more than the {MAX_BLOCK_BYTES} bytes of records a block holds"
+        )));
+    }
+    Ok(())
 }
 
 /// Unpacks `packed` into canonical records appended to `out`, and returns how many there were.
@@ -478,6 +506,55 @@ mod tests {
             packed.len(),
             canonical.len()
         );
+    }
+
+    /// A run repeats its shared fields for every member: a tool-call delta's fields holding a
+    /// 2 MiB call id, shared by 40 empty members, is 2 MiB packed and 80 MiB unpacked. Unpacking
+    /// and decoding refuse it once what they made passes what a block may hold.
+    #[test]
+    fn a_run_that_would_unpack_past_a_blocks_limit_is_refused() {
+        let mut head = Vec::new();
+        put_varint(&mut head, 1); // turn
+        put_varint(&mut head, 1); // step
+        head.push(TOOL_CALL_DELTA);
+        put_varint(&mut head, 0); // index
+        let call_id = vec![b'c'; 2 << 20];
+        put_varint(&mut head, call_id.len() as u64);
+        head.extend_from_slice(&call_id);
+        head.push(0); // no name
+        let members = 40u64;
+        let mut columns = Vec::new();
+        put_varint(&mut columns, members);
+        columns.extend(std::iter::repeat_n(0, 2 * members as usize - 1)); // times, then lengths
+        let mut packed = Vec::new();
+        put_entry(&mut packed, CHUNK_TAG, FLAG_RUN, 0, &[&head, &columns]);
+        assert!(packed.len() < 3 << 20);
+        let mut out = Vec::new();
+        let refused = unpack(&packed, &mut out).unwrap_err();
+        assert!(
+            refused.contains("bytes of records a block holds"),
+            "{refused}"
+        );
+        assert!(out.len() <= MAX_BLOCK_BYTES, "{} bytes unpacked", out.len());
+        let mut decoded = 0;
+        match decode(&packed, 0, 0, |_| decoded += 1) {
+            Err(WalkError::Packing(reason)) => {
+                assert!(reason.contains("a block holds"), "{reason}")
+            }
+            _ => panic!("decoding is refused too"),
+        }
+        assert!(decoded * (2 << 20) <= MAX_BLOCK_BYTES);
+    }
+
+    /// Four-byte entries, 70,000 of them (280 KB packed): more records than a block holds.
+    #[test]
+    fn more_records_than_a_block_holds_is_refused() {
+        let mut packed = Vec::new();
+        for _ in 0..70_000 {
+            put_entry(&mut packed, 9, 0, 0, &[]);
+        }
+        let refused = unpack(&packed, &mut Vec::new()).unwrap_err();
+        assert!(refused.contains("65536 records"), "{refused}");
     }
 
     // ---------------------------------------------------------------------------------------

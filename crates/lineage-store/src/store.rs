@@ -20,8 +20,8 @@ use crate::create;
 use crate::engine::{Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
-    Block, BlockFormat, CHILDREN, EVENTS, MAGIC, META, META_FORMAT, META_MAGIC, META_STORE_ID,
-    SESSIONS, SessionRecord,
+    Block, BlockFormat, CHILDREN, EVENTS, MAGIC, MAX_RECORD_BYTES, META, META_FORMAT, META_MAGIC,
+    META_STORE_ID, SESSIONS, SessionRecord,
 };
 use crate::lease::Keeper;
 use crate::owners::Owners;
@@ -840,7 +840,17 @@ impl Store {
             let mut records = Vec::with_capacity(events.len() * 48);
             let mut encoder = Encoder::new();
             for event in events {
+                let before = records.len();
                 encoder.encode(event, &mut records);
+                let bytes = records.len() - before;
+                if bytes > MAX_RECORD_BYTES {
+                    return Err(StoreError::RecordTooLarge {
+                        session,
+                        seq: event.seq,
+                        bytes,
+                        limit: MAX_RECORD_BYTES,
+                    });
+                }
             }
             let mut state = queue.lock();
             let tail = state

@@ -197,10 +197,15 @@ struct Witness {
 }
 
 impl Witness {
-    /// What the process can tell now, after waiting [`EXIT_WAIT`] for its exit status.
+    /// What the process can tell now, after waiting [`EXIT_WAIT`] for its exit status and as
+    /// long again for the rest of its stderr.
     async fn evidence(&self) -> Evidence {
+        let status = self.process.lock().await.wait_exit(EXIT_WAIT).await;
+        if status.is_some() {
+            self.stderr.drained(EXIT_WAIT).await;
+        }
         Evidence {
-            status: self.process.lock().await.wait_exit(EXIT_WAIT).await,
+            status,
             stderr: self.stderr.clone(),
             malformed: self.malformed.clone(),
         }

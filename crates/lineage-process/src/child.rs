@@ -57,13 +57,20 @@ pub fn child_env(
     env
 }
 
-/// The newest bytes a child wrote to stderr ([`STDERR_TAIL_BYTES`] at most).
+/// The newest bytes a child wrote to stderr ([`STDERR_TAIL_BYTES`] at most), and whether its
+/// stderr has ended.
 #[derive(Clone, Debug, Default)]
-pub struct StderrTail(Arc<Mutex<Vec<u8>>>);
+pub struct StderrTail(Arc<Tail>);
+
+#[derive(Debug, Default)]
+struct Tail {
+    bytes: Mutex<Vec<u8>>,
+    ended: tokio::sync::watch::Sender<bool>,
+}
 
 impl StderrTail {
     fn push(&self, bytes: &[u8]) {
-        let mut tail = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tail = self.0.bytes.lock().unwrap_or_else(|p| p.into_inner());
         tail.extend_from_slice(bytes);
         if tail.len() > STDERR_TAIL_BYTES {
             let cut = tail.len() - STDERR_TAIL_BYTES;
@@ -71,9 +78,21 @@ impl StderrTail {
         }
     }
 
+    fn end(&self) {
+        self.0.ended.send_replace(true);
+    }
+
+    /// Waits, for at most `bound`, until the child's stderr has ended, so that a report made
+    /// after it exited holds everything it wrote there. Bounded: a process it left behind may
+    /// keep the pipe open.
+    pub async fn drained(&self, bound: Duration) {
+        let mut ended = self.0.ended.subscribe();
+        let _ = tokio::time::timeout(bound, ended.wait_for(|ended| *ended)).await;
+    }
+
     /// The tail as text (lossy), trimmed.
     pub fn text(&self) -> String {
-        let tail = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let tail = self.0.bytes.lock().unwrap_or_else(|p| p.into_inner());
         String::from_utf8_lossy(&tail).trim().to_owned()
     }
 }
@@ -139,6 +158,7 @@ impl AgentProcess {
                     tail.push(&buf[..n]);
                     tracing::debug!(target: "lineage_process::child", "{}", String::from_utf8_lossy(&buf[..n]).trim_end());
                 }
+                tail.end();
             });
         }
         Ok((
@@ -362,6 +382,39 @@ mod tests {
         assert_eq!(live_group_of("43 (a) b (c)) R 42 40 40 0"), Some(40));
         assert_eq!(live_group_of("44 (sleep) Z 1 42 42"), None);
         assert_eq!(live_group_of("garbage"), None);
+    }
+
+    /// Everything a child wrote to stderr before it exited is in the tail once `drained`
+    /// returns, however late the draining task runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drained_tail_holds_all_a_child_wrote_before_it_exited() {
+        for _ in 0..20 {
+            let (mut process, _stdout) = AgentProcess::spawn(Launch {
+                program: OsStr::new("/bin/sh"),
+                args: &["-c".into(), "echo first >&2; echo last >&2; exit 3".into()],
+                cwd: Path::new("/"),
+                env: Vec::new(),
+            })
+            .unwrap();
+            let status = process.wait_exit(Duration::from_secs(60)).await;
+            assert_eq!(status.and_then(|s| s.code()), Some(3));
+            process.stderr.drained(Duration::from_secs(60)).await;
+            assert_eq!(process.stderr.text(), "first\nlast");
+        }
+    }
+
+    /// A stderr that never ends (a process left behind keeps the pipe) holds a report only for
+    /// the bound.
+    #[tokio::test(start_paused = true)]
+    async fn draining_a_tail_that_never_ends_stops_at_the_bound() {
+        let tail = StderrTail::default();
+        tail.push(b"partial");
+        let started = tokio::time::Instant::now();
+        tail.drained(Duration::from_millis(500)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        tail.end();
+        tail.drained(Duration::from_secs(3600)).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
     }
 
     #[test]

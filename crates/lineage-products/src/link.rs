@@ -177,6 +177,9 @@ impl Link {
         // What the process printed before it exited is read before it is told.
         let mut read_all = self.read_all.clone();
         let _ = tokio::time::timeout(EXIT_WAIT, read_all.wait_for(|done| *done)).await;
+        if status.is_some() {
+            self.stderr.drained(EXIT_WAIT).await;
+        }
         let headline = headline(&self.who, stage, what);
         bound_diagnostic(&failure_report(
             &headline,

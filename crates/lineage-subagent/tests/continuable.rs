@@ -295,9 +295,11 @@ async fn interrupt_authority_is_checked_and_absent_targets_are_accepted_no_ops()
 #[tokio::test(start_paused = true)]
 async fn a_waiting_child_is_woken_in_the_same_activation() {
     let h = Harness::new();
+    // A's first turn ends only once B is established under it: then A owns B when it ends.
+    let a_gate = Gate::new();
     let b_gate = Gate::new();
     h.model("a").push([
-        Response::text("started b"),
+        Response::text("started b").gated(&a_gate),
         Response::text("a again"),
         Response::text("b is done"),
     ]);
@@ -319,6 +321,7 @@ async fn a_waiting_child_is_woken_in_the_same_activation() {
         .await
         .unwrap();
     assert_eq!(h.agents.get(b.child).unwrap().delegation_depth(), 2);
+    a_gate.open();
     within(agent_a.when_idle()).await;
     // A finished its turn but owns B: it waits, resident, same agent.
     assert!(h.runtime.is_resident(a.child));

@@ -15,8 +15,8 @@ use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
-    Capabilities, ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult,
-    SubagentRun, bound_diagnostic, child_working_directory,
+    ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    bound_diagnostic, child_working_directory,
 };
 use tokio::sync::oneshot;
 
@@ -132,14 +132,6 @@ impl AcpProvider {
 impl Provider for AcpProvider {
     fn name(&self) -> &str {
         &self.config.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
     }
 
     fn start(

@@ -9,7 +9,7 @@ use lineage_agent::BoxFuture;
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
-    Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
     bound_diagnostic,
 };
 use serde_json::{Value, json};
@@ -154,14 +154,6 @@ impl ClaudeCodeProvider {
 impl Provider for ClaudeCodeProvider {
     fn name(&self) -> &str {
         &self.config.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
     }
 
     fn start(

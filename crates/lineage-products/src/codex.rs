@@ -9,7 +9,7 @@ use lineage_agent::BoxFuture;
 use lineage_log::{ContentBlock, SessionId};
 use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
-    Capabilities, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
     bound_diagnostic,
 };
 use serde_json::{Value, json};
@@ -140,14 +140,6 @@ impl CodexProvider {
 impl Provider for CodexProvider {
     fn name(&self) -> &str {
         &self.config.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-    }
-
-    fn inherits_parent_context(&self) -> bool {
-        false
     }
 
     fn start(

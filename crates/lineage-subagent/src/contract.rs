@@ -191,11 +191,16 @@ pub trait PrepareContinuable: Send + Sync {
 pub trait Provider: Send + Sync + 'static {
     /// The name delegations select it by.
     fn name(&self) -> &str;
-    /// The one-shot options it supports.
-    fn capabilities(&self) -> Capabilities;
+    /// The one-shot options it supports: by default none of them (a child outside the process
+    /// takes only the prompt).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
     /// Whether its child sees the parent's conversation (a fork) or starts fresh (a spawn). It
-    /// only shapes how the delegation tool describes itself.
-    fn inherits_parent_context(&self) -> bool;
+    /// only shapes how the delegation tool describes itself. By default a child starts fresh.
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
     /// Starts a one-shot child. Called synchronously at delegation time: anything the provider
     /// reads from the parent before returning the future is the parent as it was then.
     fn start(

@@ -46,10 +46,6 @@ impl Provider for SpawnProvider {
         Capabilities::ALL
     }
 
-    fn inherits_parent_context(&self) -> bool {
-        false
-    }
-
     fn start(
         &self,
         request: ResolvedStart,

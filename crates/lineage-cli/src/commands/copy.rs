@@ -11,9 +11,8 @@ use lineage_store::StoreError;
 use serde_json::json;
 
 use super::lifecycle::Verified;
-use super::write_json;
 use crate::cli::CopyArgs;
-use crate::error::{CliError, EXIT_OK, EXIT_PROBLEMS};
+use crate::error::CliError;
 use crate::open::{open, open_for_writing};
 
 /// Copies `args.source` into `args.destination`; exit 1 when the destination's verify finds
@@ -31,18 +30,12 @@ pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
             )),
             e => source.fail(e),
         })?;
-    let verified = Verified::run(&destination)?;
-    if args.output.json {
-        write_json(
-            out,
-            &json!({
-                "copied": copied.copied.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "present": copied.present.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "events": copied.events,
-                "verify": verified.json(),
-            }),
-        )?;
-    } else {
+    let report = json!({
+        "copied": copied.copied.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "present": copied.present.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "events": copied.events,
+    });
+    Verified::run(&destination)?.conclude(out, args.output.json, report, |out| {
         writeln!(
             out,
             "copied {} session(s), {} events, from {} to {}; {} already there",
@@ -51,12 +44,6 @@ pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
             source.path.display(),
             destination.path.display(),
             copied.present.len()
-        )?;
-        verified.write(out)?;
-    }
-    Ok(if verified.problems() == 0 {
-        EXIT_OK
-    } else {
-        EXIT_PROBLEMS
+        )
     })
 }

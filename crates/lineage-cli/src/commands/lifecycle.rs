@@ -1,12 +1,13 @@
-//! What the commands that change a store (`rm`, `tag`, `prune`) share: the verification they end
-//! with, and how a refused deletion is said.
+//! What the commands that change a store (`rm`, `tag`, `prune`, `copy`, `upgrade`) share: the
+//! verification they end with, and how a refused deletion is said.
 
 use std::io::Write;
 
 use lineage_store::{StoreError, VerifyReport};
 use serde_json::{Value, json};
 
-use crate::error::CliError;
+use super::write_json;
+use crate::error::{CliError, EXIT_OK, EXIT_PROBLEMS};
 use crate::open::Opened;
 
 /// The store's `verify` after a change: every session checked, every problem listed.
@@ -57,6 +58,29 @@ impl Verified {
             0 => writeln!(out, "verify: ok, {sessions} sessions intact"),
             n => writeln!(out, "verify: {n} problem(s) in {sessions} sessions"),
         }
+    }
+
+    /// A changing command's last word: its `report` with this verify under `"verify"` as JSON,
+    /// or its `text` and then this verify's lines; exit 1 when the verify found problems.
+    pub fn conclude(
+        &self,
+        out: &mut dyn Write,
+        as_json: bool,
+        mut report: Value,
+        text: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<u8, CliError> {
+        if as_json {
+            report["verify"] = self.json();
+            write_json(out, &report)?;
+        } else {
+            text(out)?;
+            self.write(out)?;
+        }
+        Ok(if self.problems() == 0 {
+            EXIT_OK
+        } else {
+            EXIT_PROBLEMS
+        })
     }
 }
 

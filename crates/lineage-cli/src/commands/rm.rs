@@ -12,9 +12,8 @@ use serde_json::json;
 
 use super::lifecycle::{Verified, delete_failure};
 use super::ls::human_bytes;
-use super::write_json;
 use crate::cli::RmArgs;
-use crate::error::{CliError, EXIT_OK, EXIT_PROBLEMS};
+use crate::error::CliError;
 use crate::open::open_writable;
 
 /// Deletes the session `args` names; exit 1 when the store's verify finds problems afterwards.
@@ -30,19 +29,13 @@ pub fn run(args: &RmArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         .store
         .delete(info.header.id, rule)
         .map_err(|e| delete_failure(&opened, e))?;
-    let verified = Verified::run(&opened)?;
-    if args.output.json {
-        write_json(
-            out,
-            &json!({
-                "deleted": deleted.sessions.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "events": deleted.events,
-                "blocks": deleted.blocks,
-                "bytes": deleted.bytes,
-                "verify": verified.json(),
-            }),
-        )?;
-    } else {
+    let report = json!({
+        "deleted": deleted.sessions.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "events": deleted.events,
+        "blocks": deleted.blocks,
+        "bytes": deleted.bytes,
+    });
+    Verified::run(&opened)?.conclude(out, args.output.json, report, |out| {
         for session in &deleted.sessions {
             writeln!(out, "deleted {session}")?;
         }
@@ -52,12 +45,6 @@ pub fn run(args: &RmArgs, out: &mut dyn Write) -> Result<u8, CliError> {
             deleted.sessions.len(),
             deleted.events,
             human_bytes(deleted.bytes)
-        )?;
-        verified.write(out)?;
-    }
-    Ok(if verified.problems() == 0 {
-        EXIT_OK
-    } else {
-        EXIT_PROBLEMS
+        )
     })
 }

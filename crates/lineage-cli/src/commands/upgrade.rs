@@ -9,9 +9,8 @@ use lineage_store::{Store, StoreError};
 use serde_json::json;
 
 use super::lifecycle::Verified;
-use super::write_json;
 use crate::cli::StoreArgs;
-use crate::error::{CliError, EXIT_OK, EXIT_PROBLEMS};
+use crate::error::CliError;
 use crate::open::{check_file, open};
 
 /// Upgrades `args.store`; exit 1 when the upgraded store's verify finds problems.
@@ -24,33 +23,21 @@ pub fn run(args: &StoreArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         )),
         e => CliError::opening(&args.store, e),
     })?;
-    let verified = Verified::run(&open(&args.store)?)?;
-    if args.output.json {
-        write_json(
-            out,
-            &json!({
-                "from": upgraded.from,
-                "to": upgraded.to,
-                "sessions": upgraded.sessions,
-                "events": upgraded.events,
-                "verify": verified.json(),
-            }),
-        )?;
-    } else {
+    let report = json!({
+        "from": upgraded.from,
+        "to": upgraded.to,
+        "sessions": upgraded.sessions,
+        "events": upgraded.events,
+    });
+    Verified::run(&open(&args.store)?)?.conclude(out, args.output.json, report, |out| {
         if upgraded.from == upgraded.to {
-            writeln!(out, "{shown} is in format v{} already", upgraded.to)?;
+            writeln!(out, "{shown} is in format v{} already", upgraded.to)
         } else {
             writeln!(
                 out,
                 "upgraded {shown} from format v{} to v{}: {} session(s), {} events",
                 upgraded.from, upgraded.to, upgraded.sessions, upgraded.events
-            )?;
+            )
         }
-        verified.write(out)?;
-    }
-    Ok(if verified.problems() == 0 {
-        EXIT_OK
-    } else {
-        EXIT_PROBLEMS
     })
 }

@@ -23,7 +23,8 @@ use std::time::Duration;
 use lineage_agent::{AgentStatus, Cancellation, DiagnosticKind, Queued};
 use lineage_log::{AbortCause, Message, MessageId};
 use lineage_store::Mail;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use super::delivery::{admit_waking, followup_cancelled, unavailable};
 use super::recovery::holds_message;
@@ -33,63 +34,41 @@ use crate::ReportDelivery;
 /// How often a host looks for mail, and a waiting sender for its mail's fate.
 pub const MAIL_POLL: Duration = Duration::from_millis(50);
 
-/// What a piece of mail asks of its recipient.
-#[derive(Debug)]
+/// What a piece of mail asks of its recipient. Its body is this as JSON, `kind` naming the
+/// variant (`{"kind": "report", "message": …, "quiet": false}`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 enum Post {
     /// A follow-up for a resident child.
-    Followup(Message),
+    Followup { message: Message },
     /// A child's settlement notice for its parent.
-    Notice(Message),
-    /// A child's report for its parent.
-    Report(Message, ReportDelivery),
+    Notice { message: Message },
+    /// A child's report for its parent: at its next step, or `quiet`ly into it
+    /// ([`ReportDelivery`]).
+    Report {
+        message: Message,
+        #[serde(default)]
+        quiet: bool,
+    },
     /// An interrupt of a resident child's current turn, in the tenure of the lease with this
     /// fencing token (a later tenure's turns are not its to interrupt).
-    Interrupt(AbortCause, u64),
+    Interrupt { cause: AbortCause, fence: u64 },
 }
 
 impl Post {
+    fn report(message: Message, delivery: ReportDelivery) -> Post {
+        Post::Report {
+            message,
+            quiet: delivery == ReportDelivery::Quiet,
+        }
+    }
+
     fn encode(&self) -> Vec<u8> {
-        let value = match self {
-            Post::Followup(m) => json!({ "kind": "followup", "message": m }),
-            Post::Notice(m) => json!({ "kind": "notice", "message": m }),
-            Post::Report(m, ReportDelivery::NextStep) => {
-                json!({ "kind": "report", "message": m, "quiet": false })
-            }
-            Post::Report(m, ReportDelivery::Quiet) => {
-                json!({ "kind": "report", "message": m, "quiet": true })
-            }
-            Post::Interrupt(cause, fence) => {
-                json!({ "kind": "interrupt", "cause": cause, "fence": fence })
-            }
-        };
-        value.to_string().into_bytes()
+        serde_json::to_vec(self).expect("mail serializes")
     }
 
     fn decode(body: &[u8]) -> Result<Post, String> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-        let message = || {
-            serde_json::from_value::<Message>(value["message"].clone()).map_err(|e| e.to_string())
-        };
-        match value["kind"].as_str() {
-            Some("followup") => Ok(Post::Followup(message()?)),
-            Some("notice") => Ok(Post::Notice(message()?)),
-            Some("report") => {
-                let delivery = match value["quiet"].as_bool() {
-                    Some(true) => ReportDelivery::Quiet,
-                    _ => ReportDelivery::NextStep,
-                };
-                Ok(Post::Report(message()?, delivery))
-            }
-            Some("interrupt") => {
-                let cause =
-                    serde_json::from_value(value["cause"].clone()).map_err(|e| e.to_string())?;
-                let fence = value["fence"]
-                    .as_u64()
-                    .ok_or("an interrupt without its fencing token")?;
-                Ok(Post::Interrupt(cause, fence))
-            }
-            other => Err(format!("unknown kind of mail {other:?}")),
-        }
+        serde_json::from_slice(body).map_err(|e| e.to_string())
     }
 }
 
@@ -174,9 +153,16 @@ impl SubagentRuntime {
         self.continuation()
             .authorize_lineage(parent, child, info.header.parent)?;
         let id = message.id;
-        self.post(parent.id(), child, id, &Post::Followup(message.clone()))
-            .await
-            .map_err(unavailable)?;
+        self.post(
+            parent.id(),
+            child,
+            id,
+            &Post::Followup {
+                message: message.clone(),
+            },
+        )
+        .await
+        .map_err(unavailable)?;
         let mail = id.as_uuid();
         loop {
             let cancelled = tokio::select! {
@@ -237,8 +223,8 @@ impl SubagentRuntime {
         }
         let id = message.id;
         let post = match report {
-            Some(delivery) => Post::Report(message, delivery),
-            None => Post::Notice(message),
+            Some(delivery) => Post::report(message, delivery),
+            None => Post::Notice { message },
         };
         let runtime = self.clone();
         // Posted from a task: the notice is sent from a teardown that must not wait for it.
@@ -300,7 +286,11 @@ impl SubagentRuntime {
             id: MessageId::new().as_uuid(),
             recipient: target,
             sender,
-            body: Post::Interrupt(cause, lease.fence).encode(),
+            body: Post::Interrupt {
+                cause,
+                fence: lease.fence,
+            }
+            .encode(),
         };
         store.post(&mail).map_err(unreadable)?;
         Ok(true)
@@ -392,7 +382,7 @@ impl SubagentRuntime {
     async fn deliver(&self, recipient: &Arc<Agent>, post: Post) -> Result<bool, SubagentError> {
         let id = recipient.id();
         match post {
-            Post::Followup(message) => {
+            Post::Followup { message } => {
                 let _guard = self.child_lock(id).await;
                 let Some(activation) = self
                     .continuation()
@@ -414,7 +404,11 @@ impl SubagentRuntime {
                 lock(&activation.st).announced = true;
                 Ok(true)
             }
-            Post::Notice(message) | Post::Report(message, ReportDelivery::NextStep) => {
+            Post::Notice { message }
+            | Post::Report {
+                message,
+                quiet: false,
+            } => {
                 if !holds_message(recipient, message.id) {
                     let agent = recipient.clone();
                     self.send_waking(recipient, message.id, move || {
@@ -427,7 +421,10 @@ impl SubagentRuntime {
                 }
                 Ok(true)
             }
-            Post::Report(message, ReportDelivery::Quiet) => {
+            Post::Report {
+                message,
+                quiet: true,
+            } => {
                 if !holds_message(recipient, message.id) {
                     recipient
                         .inject(message)
@@ -435,7 +432,7 @@ impl SubagentRuntime {
                 }
                 Ok(true)
             }
-            Post::Interrupt(cause, fence) => {
+            Post::Interrupt { cause, fence } => {
                 // Meant for the turn running when it was sent, in that tenure; a tenure since is
                 // not interrupted by it.
                 if let Some(activation) = self.continuation().activation(id)
@@ -458,9 +455,8 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn every_kind_of_mail_reads_back_as_it_was_written() {
-        let message = Message {
+    fn a_message() -> Message {
+        Message {
             id: MessageId::new(),
             role: Role::User,
             content: vec![ContentBlock::text("again, with the second file")],
@@ -468,18 +464,27 @@ mod tests {
                 sender: SessionId::new(),
                 summary: "done".into(),
             },
-        };
+        }
+    }
+
+    #[test]
+    fn every_kind_of_mail_reads_back_as_it_was_written() {
+        let message = a_message();
         let posts = [
-            Post::Followup(message.clone()),
-            Post::Notice(message.clone()),
-            Post::Report(message.clone(), ReportDelivery::Quiet),
-            Post::Report(message.clone(), ReportDelivery::NextStep),
-            Post::Interrupt(
-                AbortCause::Hook {
+            Post::Followup {
+                message: message.clone(),
+            },
+            Post::Notice {
+                message: message.clone(),
+            },
+            Post::report(message.clone(), ReportDelivery::Quiet),
+            Post::report(message.clone(), ReportDelivery::NextStep),
+            Post::Interrupt {
+                cause: AbortCause::Hook {
                     reason: "stop".into(),
                 },
-                7,
-            ),
+                fence: 7,
+            },
         ];
         for post in posts {
             let read = Post::decode(&post.encode()).unwrap();
@@ -487,5 +492,48 @@ mod tests {
         }
         assert!(Post::decode(b"{\"kind\":\"other\"}").is_err());
         assert!(Post::decode(b"not json").is_err());
+    }
+
+    /// The bodies mail has had on the wire since the mailbox came: each reads as its kind (a
+    /// report without `quiet` is delivered at the next step), and anything else is refused.
+    #[test]
+    fn mail_bodies_read_by_their_kind() {
+        let message = a_message();
+        let m = serde_json::to_value(&message).unwrap();
+        let cause = serde_json::to_value(AbortCause::Hook {
+            reason: "stop".into(),
+        })
+        .unwrap();
+        let bodies = [
+            (json!({"kind": "followup", "message": m}), "Followup"),
+            (json!({"kind": "notice", "message": m}), "Notice"),
+            (
+                json!({"kind": "report", "message": m, "quiet": true}),
+                "quiet: true",
+            ),
+            (
+                json!({"kind": "report", "message": m, "quiet": false}),
+                "quiet: false",
+            ),
+            (json!({"kind": "report", "message": m}), "quiet: false"),
+            (
+                json!({"cause": cause, "fence": 7, "kind": "interrupt"}),
+                "fence: 7",
+            ),
+        ];
+        for (body, says) in bodies {
+            let read = Post::decode(body.to_string().as_bytes()).unwrap();
+            assert!(format!("{read:?}").contains(says), "{body}: {read:?}");
+        }
+        for refused in [
+            json!({"kind": "interrupt", "cause": cause}),
+            json!({"kind": "followup"}),
+            json!({"message": m}),
+        ] {
+            assert!(
+                Post::decode(refused.to_string().as_bytes()).is_err(),
+                "{refused}"
+            );
+        }
     }
 }

@@ -13,7 +13,9 @@
 //! - `acp` (feature `acp`): the Agent Client Protocol: a host served as an ACP agent, and a
 //!   provider whose children are any ACP agent's processes;
 //! - `products` (feature `products`): Codex and Claude Code as one-shot children, each run a
-//!   process of the product's own.
+//!   process of the product's own;
+//! - [`Host`]: the composition root (a store, the agents and the subagent runtime), from
+//!   `subagent`.
 //!
 //! Each example below is the short form of a program in `examples/` that CI runs (`cargo run
 //! --release --example NAME`).
@@ -318,3 +320,7 @@ pub use lineage_models as models;
 pub use lineage_products as products;
 pub use lineage_store as store;
 pub use lineage_subagent as subagent;
+
+/// The composition root every example starts from: a store, the agent registry and the
+/// subagent runtime on one model catalogue (`lineage::subagent::Host`, at the top).
+pub use lineage_subagent::Host;

@@ -9,8 +9,7 @@
 # it has grown on this machine (fuzz/corpus/<target>, not committed). A crash, a hang (no answer
 # within 30 s) or running out of memory (8 GiB, see fuzz/README.md) fails the step after every target has run; the input is
 # saved under fuzz/artifacts/<target>/ and printed here, gzipped and in base64, so it outlives the
-# machine. The storage engine's known abort (fuzz/README.md) is printed the same way but does not
-# fail the step; the target runs again for the time it has left. Reads nothing from stdin.
+# machine. Reads nothing from stdin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,52 +65,23 @@ for target in "${targets[@]}"; do
     for extra in "$(seeds_of "$target")" "fuzz/regressions/${target}"; do
         if [ -d "$extra" ]; then dirs+=("$extra"); fi
     done
-    # A run that stops at the storage engine's known abort (redb 4.x; fixed in 5.0; see
-    # fuzz/README.md) is reported, not failed, and the target runs again for the time left, from
-    # the corpus it has grown.
-    deadline=$((SECONDS + seconds))
-    known=0
-    while :; do
-        left=$((deadline - SECONDS))
-        if [ "$left" -lt 1 ]; then left=1; fi
-        marker=$(mktemp)
-        log=$(mktemp)
-        started=$SECONDS
-        set +e
-        "${bin_dir}/${target}" "${dirs[@]}" \
-            -max_total_time="$left" -timeout=30 -rss_limit_mb=8192 -print_final_stats=1 \
-            -artifact_prefix="${artifacts}/" </dev/null 2>&1 |
-            tee "$log" | grep -Ev "$quiet"
-        status=${PIPESTATUS[0]}
-        set -e
-        # What a run that crashed early did not print stays unknown ("?").
-        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-        cov=$({ grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" || true; } | tail -n 1)
-        new=$(find "$artifacts" -type f -newer "$marker" | sort)
-        aborted=$(grep -c '^lineage-fuzz: known engine abort' "$log" || true)
-        rm -f "$log" "$marker"
-        summary+=("${target}: ${runs:-?} runs in $((SECONDS - started)) s, ${cov:-no coverage line}, exit ${status}")
-        if [ "$status" -eq 0 ] || [ "$aborted" -eq 0 ]; then
-            break
-        fi
-        known=$((known + 1))
-        for input in $new; do
-            echo "fuzz ${target} stopped at the known engine abort; the input is ${input}:"
-            echo "base64 -d <<'EOF' | gunzip > ${input##*/}"
-            gzip -9c "$input" | base64 -w 76
-            echo "EOF"
-        done
-        if [ $((deadline - SECONDS)) -lt 5 ]; then
-            status=0
-            break
-        fi
-    done
-    if [ "$known" -gt 0 ]; then
-        summary+=("${target}: stopped ${known} time(s) at the known engine abort (fuzz/README.md), not a failure")
-    fi
-    if [ "$status" -eq 0 ]; then
-        :
-    elif [ "$status" -ne 0 ]; then
+    marker=$(mktemp)
+    log=$(mktemp)
+    started=$SECONDS
+    set +e
+    "${bin_dir}/${target}" "${dirs[@]}" \
+        -max_total_time="$seconds" -timeout=30 -rss_limit_mb=8192 -print_final_stats=1 \
+        -artifact_prefix="${artifacts}/" </dev/null 2>&1 |
+        tee "$log" | grep -Ev "$quiet"
+    status=${PIPESTATUS[0]}
+    set -e
+    # What a run that crashed early did not print stays unknown ("?").
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    cov=$({ grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" || true; } | tail -n 1)
+    new=$(find "$artifacts" -type f -newer "$marker" | sort)
+    rm -f "$log" "$marker"
+    summary+=("${target}: ${runs:-?} runs in $((SECONDS - started)) s, ${cov:-no coverage line}, exit ${status}")
+    if [ "$status" -ne 0 ]; then
         failed+=("$target")
         if [ -z "$new" ]; then
             echo "fuzz ${target} failed (exit ${status}) without saving an input"

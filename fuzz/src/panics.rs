@@ -31,15 +31,7 @@ pub fn engine_panics() -> usize {
     ENGINE_PANICS.load(Ordering::Relaxed)
 }
 
-/// The line that marks a known defect of the storage engine (redb 4.x): a panic that unwinds while
-/// a page of its write buffer is in use makes that page's destructor panic again, and the process
-/// aborts. Nothing can contain a panic during unwinding; redb 5.0 fixes it. `fuzz/ci.sh` reports
-/// such an input without failing (see fuzz/README.md).
-pub const KNOWN_ENGINE_ABORT: &str = "lineage-fuzz: known engine abort";
-
 thread_local! {
-    /// The engine panic this thread is unwinding from, if any.
-    static UNWINDING_FROM_ENGINE: RefCell<Option<String>> = const { RefCell::new(None) };
     static IN_STORE: Cell<bool> = const { Cell::new(false) };
     static CONTAINED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
@@ -59,19 +51,9 @@ pub fn is_engine_file(file: &str) -> bool {
 pub fn contain_engine_panics() {
     let abort = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
-        let nested = info
-            .to_string()
-            .contains("panic in a destructor during cleanup");
-        let in_engine = !nested && raised_in_engine(info);
+        let in_engine = raised_in_engine(info);
         if in_engine {
             ENGINE_PANICS.fetch_add(1, Ordering::Relaxed);
-            UNWINDING_FROM_ENGINE.with(|u| *u.borrow_mut() = Some(info.to_string()));
-        } else if nested && let Some(first) = UNWINDING_FROM_ENGINE.with(|u| u.borrow_mut().take())
-        {
-            // The process aborts now, whatever this hook does: say which defect it is.
-            eprintln!(
-                "{KNOWN_ENGINE_ABORT}: while an engine panic unwound ({first}), a destructor in the engine panicked too"
-            );
         }
         if in_engine && on_writer_thread() {
             // The writer contains every engine call it makes and reports a panic as a failed

@@ -16,7 +16,7 @@ use lineage_log::{Event, Header, SessionId};
 use lineage_store::{SessionInfo, Store, StoreError};
 use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{SplitMix64, realistic_session};
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 /// The golden sessions `…a1`, `…b2` and `…c3`.
 const A1: &str = "019b76da-a800-7000-8000-0000000000a1";

@@ -10,7 +10,7 @@
 //! for the hosts that share it (the coordination methods of [`Engine`]).
 
 use lineage_log::SessionId;
-use redb::AccessGuard;
+use redb::OwnedAccessGuard;
 
 use crate::Result;
 use crate::delete::{DeleteJob, Deleted};
@@ -18,7 +18,7 @@ use crate::error::EngineError;
 
 /// A stored value: a page redb lends, or a PostgreSQL row's column (checked to be bytes).
 pub(crate) enum Bytes {
-    Page(AccessGuard<'static, &'static [u8]>),
+    Page(OwnedAccessGuard<&'static [u8]>),
     #[cfg(feature = "postgres")]
     Row(tokio_postgres::Row, usize),
 }

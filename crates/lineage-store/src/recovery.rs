@@ -155,18 +155,18 @@ impl Overlay {
 }
 
 impl redb::StorageBackend for Overlay {
-    fn len(&self) -> io::Result<u64> {
+    fn len(&self) -> Result<u64, redb::BackendError> {
         Ok(self.layer.lock().unwrap_or_else(|p| p.into_inner()).len)
     }
 
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), redb::BackendError> {
         let layer = self.layer.lock().unwrap_or_else(|p| p.into_inner());
         let end = offset + out.len() as u64;
         if end > layer.len {
-            return Err(io::Error::new(
+            return Err(redb::BackendError::Io(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "read past the end of the storage",
-            ));
+            )));
         }
         let read_file = self.read_base(&layer, offset, out)?;
         if out.is_empty() {
@@ -186,7 +186,7 @@ impl redb::StorageBackend for Overlay {
         Ok(())
     }
 
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), redb::BackendError> {
         let mut layer = self.layer.lock().unwrap_or_else(|p| p.into_inner());
         if len < layer.len {
             layer.visible = layer.visible.min(len);
@@ -202,18 +202,18 @@ impl redb::StorageBackend for Overlay {
         Ok(())
     }
 
-    fn sync_data(&self) -> io::Result<()> {
+    fn sync_data(&self) -> Result<(), redb::BackendError> {
         Ok(())
     }
 
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), redb::BackendError> {
         let mut layer = self.layer.lock().unwrap_or_else(|p| p.into_inner());
         let end = offset + data.len() as u64;
         if end > layer.len {
-            return Err(io::Error::new(
+            return Err(redb::BackendError::Io(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "write past the end of the storage",
-            ));
+            )));
         }
         if data.is_empty() {
             return Ok(());

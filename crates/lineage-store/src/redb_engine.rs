@@ -156,14 +156,14 @@ impl View for RedbView {
     fn row(&self, session: SessionId) -> Result<Option<Bytes>> {
         Ok(self
             .sessions
-            .get(session.as_u128())
+            .get_owned(session.as_u128())
             .engine()?
             .map(Bytes::Page))
     }
 
     fn rows(&self) -> Result<Vec<(SessionId, Bytes)>> {
         let mut out = Vec::new();
-        for entry in self.sessions.range::<u128>(..).engine()? {
+        for entry in self.sessions.range_owned(..).engine()? {
             let (key, value) = entry.engine()?;
             out.push((SessionId::from_u128(key.value()), Bytes::Page(value)));
         }
@@ -172,7 +172,10 @@ impl View for RedbView {
 
     fn blocks(&self, session: SessionId, start: u64) -> Result<Blocks> {
         let id = session.as_u128();
-        let range = self.events.range((id, start)..=(id, u64::MAX)).engine()?;
+        let range = self
+            .events
+            .range_owned((id, start)..=(id, u64::MAX))
+            .engine()?;
         Ok(Box::new(range.map(|entry| {
             let (key, value) = entry.engine()?;
             Ok((key.value().1, Bytes::Page(value)))

@@ -13,7 +13,9 @@ use lineage_log::{
     Digest, Encoder, Event, EventBody, EventKind, Header, LogError, SessionId, Structure,
     check_append, check_append_before_descriptor_contract, check_seed, interrupted_turn_closers,
 };
-use redb::{ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, StorageBackend};
+use redb::{
+    ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable, StorageBackend,
+};
 use uuid::Uuid;
 
 use crate::create;
@@ -209,7 +211,7 @@ impl Writable {
         contained(move || {
             if let Some(mut db) = old.and_then(|db| Arc::try_unwrap(db).ok())
                 && worth_compacting(&db)
-                && let Err(error) = db.compact()
+                && let Err(error) = db.compact(redb::CompactionMode::Balanced)
             {
                 tracing::debug!(%error, "the store file was not compacted at close");
             }
@@ -427,7 +429,7 @@ impl Store {
             return Self::open_postgres(url, options);
         }
         Self::open_creating_with(path, options, |file| {
-            redb::backends::FileBackend::new(file).map_err(io::Error::other)
+            Ok(redb::backends::FileBackend::new(file))
         })
     }
 

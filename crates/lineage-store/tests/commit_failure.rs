@@ -51,25 +51,25 @@ impl Flaky {
 }
 
 impl StorageBackend for Flaky {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, redb::BackendError> {
         self.memory.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), redb::BackendError> {
         if let Breaks::Everything = self.breaks {
             self.fail("read")?;
         }
         self.memory.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), redb::BackendError> {
         self.memory.set_len(len)
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), redb::BackendError> {
         if let Breaks::Sync | Breaks::Everything = self.breaks {
             self.fail("sync")?;
         }
         self.memory.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), redb::BackendError> {
         if let Breaks::Write | Breaks::Everything = self.breaks {
             self.fail("write")?;
         }
@@ -337,35 +337,36 @@ fn injected(op: Op) -> std::io::Error {
 }
 
 impl StorageBackend for Countdown {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, redb::BackendError> {
         self.memory.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), redb::BackendError> {
         self.memory.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), redb::BackendError> {
         if self.hit(Op::SetLen) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
                 "injected: no space left on device",
-            ));
+            )
+            .into());
         }
         self.memory.set_len(len)
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), redb::BackendError> {
         // The data is in memory all the same: a failed sync that still wrote.
         if self.hit(Op::Sync) {
-            return Err(injected(Op::Sync));
+            return Err(injected(Op::Sync).into());
         }
         self.memory.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), redb::BackendError> {
         if self.hit(Op::Torn) {
             self.memory.write(offset, &data[..data.len() / 2])?;
-            return Err(injected(Op::Torn));
+            return Err(injected(Op::Torn).into());
         }
         if self.hit(Op::Write) {
-            return Err(injected(Op::Write));
+            return Err(injected(Op::Write).into());
         }
         self.memory.write(offset, data)
     }

@@ -17,7 +17,7 @@ use lineage_store::{
 };
 use lineage_testkit::{SplitMix64, balanced_cuts, ev, realistic_session};
 use lineage_testkit::{TurnStream, last_turn};
-use redb::{ReadableDatabase, ReadableTableMetadata};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 /// Everything a reader can observe of one session and of the store's listing.
 #[derive(Debug, PartialEq)]

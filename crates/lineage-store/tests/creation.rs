@@ -167,25 +167,25 @@ impl Failing {
 }
 
 impl StorageBackend for Failing {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, redb::BackendError> {
         self.file.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), redb::BackendError> {
         self.file.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), redb::BackendError> {
         self.count(Fault::SetLen)?;
         self.file.set_len(len)
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), redb::BackendError> {
         self.count(Fault::Sync)?;
         self.file.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), redb::BackendError> {
         self.count(Fault::Write)?;
         self.file.write(offset, data)
     }
-    fn close(&self) -> std::io::Result<()> {
+    fn close(&self) -> Result<(), redb::BackendError> {
         self.file.close()
     }
     fn try_lock_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<bool, redb::BackendError> {
@@ -219,7 +219,7 @@ fn create_failing(path: &Path, fault: Fault, nth: usize) -> (Result<Store, Store
     let counter = seen.clone();
     let result = Store::open_creating_with(path, StoreOptions::default(), move |file| {
         Ok(Failing {
-            file: FileBackend::new(file).map_err(std::io::Error::other)?,
+            file: FileBackend::new(file),
             fault,
             nth,
             seen: counter,

@@ -239,7 +239,7 @@ fn assert_same(before: &StoreView, after: &StoreView) {
 
 /// The `meta` table of a closed store file: format version (u32 LE) and store id.
 fn raw_meta(path: &Path) -> (u32, uuid::Uuid) {
-    use redb::ReadableDatabase;
+    use redb::{ReadableDatabase, ReadableTable};
     let db = raw_db(path);
     let txn = db.begin_read().unwrap();
     let meta = txn.open_table(META).unwrap();

@@ -255,39 +255,39 @@ impl FaultyFile {
     /// Opens `path` (which must exist) for reading and writing.
     pub fn open(path: &Path, switch: Arc<Switch>) -> io::Result<FaultyFile> {
         let file: File = OpenOptions::new().read(true).write(true).open(path)?;
-        let file = FileBackend::new(file).map_err(io::Error::other)?;
+        let file = FileBackend::new(file);
         Ok(FaultyFile { file, switch })
     }
 }
 
 impl StorageBackend for FaultyFile {
-    fn len(&self) -> io::Result<u64> {
+    fn len(&self) -> Result<u64, redb::BackendError> {
         self.file.len()
     }
 
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), redb::BackendError> {
         match self.switch.decide(Op::Read) {
             Verdict::Pass => self.file.read(offset, out),
-            Verdict::Fail(_) => Err(injected(EIO)),
+            Verdict::Fail(_) => Err(injected(EIO).into()),
         }
     }
 
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), redb::BackendError> {
         match self.switch.decide(Op::SetLen) {
             Verdict::Pass => self.file.set_len(len),
-            Verdict::Fail(Kind::Everything) => Err(injected(EIO)),
-            Verdict::Fail(_) => Err(injected(ENOSPC)),
+            Verdict::Fail(Kind::Everything) => Err(injected(EIO).into()),
+            Verdict::Fail(_) => Err(injected(ENOSPC).into()),
         }
     }
 
-    fn sync_data(&self) -> io::Result<()> {
+    fn sync_data(&self) -> Result<(), redb::BackendError> {
         match self.switch.decide(Op::Sync) {
             Verdict::Pass => self.file.sync_data(),
-            Verdict::Fail(_) => Err(injected(EIO)),
+            Verdict::Fail(_) => Err(injected(EIO).into()),
         }
     }
 
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), redb::BackendError> {
         match self.switch.decide(Op::Write) {
             Verdict::Pass => self.file.write(offset, data),
             Verdict::Fail(Kind::Torn) => {
@@ -296,15 +296,15 @@ impl StorageBackend for FaultyFile {
                 if kept > 0 {
                     self.file.write(offset, &data[..kept])?;
                 }
-                Err(injected(EIO))
+                Err(injected(EIO).into())
             }
-            Verdict::Fail(_) => Err(injected(EIO)),
+            Verdict::Fail(_) => Err(injected(EIO).into()),
         }
     }
 
     // Closing and the byte-range locks are the file's own: the store opens the file in redb's
     // single-writer mode, which needs them, and a fault never keeps a lock from being released.
-    fn close(&self) -> io::Result<()> {
+    fn close(&self) -> Result<(), redb::BackendError> {
         self.file.close()
     }
 
@@ -384,7 +384,7 @@ mod tests {
         file.write(8, &[2; 8]).unwrap();
         assert!(!switch.fired());
         let error = file.write(16, &[3; 8]).unwrap_err();
-        assert_eq!(error.raw_os_error(), Some(EIO));
+        assert_eq!(io::Error::from(error).raw_os_error(), Some(EIO));
         assert!(switch.fired());
         file.write(24, &[4; 8]).unwrap();
         assert_eq!(switch.failed(), 1);
@@ -401,7 +401,8 @@ mod tests {
         switch.arm(Kind::Sync, Mode::Sticky, 2);
         file.sync_data().unwrap();
         for _ in 0..3 {
-            assert_eq!(file.sync_data().unwrap_err().raw_os_error(), Some(EIO));
+            let error = io::Error::from(file.sync_data().unwrap_err());
+            assert_eq!(error.raw_os_error(), Some(EIO));
         }
         file.write(0, &[1; 8]).unwrap();
         switch.clear();
@@ -415,7 +416,7 @@ mod tests {
         let (file, switch) = backend(&path);
         switch.arm(Kind::SetLen, Mode::Once, 1);
         let error = file.set_len(1 << 20).unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(io::Error::from(error).kind(), io::ErrorKind::StorageFull);
         assert_eq!(file.len().unwrap(), 4096);
     }
 
@@ -425,10 +426,8 @@ mod tests {
         let (file, switch) = backend(&path);
         switch.arm(Kind::Torn, Mode::Once, 1);
         let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8 + 1).collect();
-        assert_eq!(
-            file.write(1000, &data).unwrap_err().raw_os_error(),
-            Some(EIO)
-        );
+        let error = io::Error::from(file.write(1000, &data).unwrap_err());
+        assert_eq!(error.raw_os_error(), Some(EIO));
         let bytes = std::fs::read(&path).unwrap();
         // Half of 3000 is 1500, rounded down to sectors: 1024 bytes kept.
         assert_eq!(&bytes[1000..2024], &data[..1024]);

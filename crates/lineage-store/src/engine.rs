@@ -6,8 +6,8 @@
 //! index `(parent, child)`. It gives consistent read views of them ([`View`]), commits rounds of
 //! writes ([`Engine::commit`]), each session's write conditional on where its log ends, and reads
 //! back a round whose commit is in doubt ([`Engine::resolve`]). So every engine holds
-//! byte-identical blocks with the same digests. A shared engine also keeps leases and a mailbox
-//! for the hosts that share it (the coordination methods of [`Engine`]).
+//! byte-identical blocks with the same digests. How the hosts sharing a store keep out of each
+//! other's way (leases, the mailbox) is apart from storage: [`Coordination`].
 
 use lineage_log::SessionId;
 use redb::OwnedAccessGuard;
@@ -210,82 +210,59 @@ pub(crate) trait Engine: Send + Sync {
 
     /// Releases the storage when the store closes; a failure is logged.
     fn release(&self) {}
+}
 
-    /// Whether other hosts may write the same sessions, so that leases mean something. An
-    /// embedded file has one writer (its lock says so): every lease is granted, with token 0.
-    fn shared(&self) -> bool {
-        false
-    }
+/// How the hosts sharing a store coordinate: a lease per session with a fencing token, so that
+/// one host at a time writes it, and a mailbox for delivering to sessions another host keeps.
+/// Apart from storage ([`Engine`]): an embedded file has one writer process, and says what that
+/// means in its own implementation.
+pub(crate) trait Coordination: Send + Sync {
+    /// Whether other hosts may write the same sessions, so that leases mean something.
+    fn shared(&self) -> bool;
 
-    /// The id this engine holds leases under (nil for an engine without leases).
-    fn holder(&self) -> uuid::Uuid {
-        uuid::Uuid::nil()
-    }
+    /// The id this store handle holds leases under.
+    fn holder(&self) -> uuid::Uuid;
 
     /// Takes `session`'s lease for this store's holder for `ttl`, or renews it; a takeover of
     /// another holder's expired lease (or of a released one) raises the fencing token.
     fn acquire(
         &self,
-        _session: SessionId,
-        _ttl: std::time::Duration,
-    ) -> std::result::Result<Acquired, EngineError> {
-        Ok(Acquired::Granted { fence: 0 })
-    }
+        session: SessionId,
+        ttl: std::time::Duration,
+    ) -> std::result::Result<Acquired, EngineError>;
 
     /// Extends the leases `held` (session and token) by `ttl`; returns those that were lost
     /// (taken over or released), which are not extended.
     fn renew(
         &self,
-        _held: &[(SessionId, u64)],
-        _ttl: std::time::Duration,
-    ) -> std::result::Result<Vec<SessionId>, EngineError> {
-        Ok(Vec::new())
-    }
+        held: &[(SessionId, u64)],
+        ttl: std::time::Duration,
+    ) -> std::result::Result<Vec<SessionId>, EngineError>;
 
     /// Gives the lease up if this holder still holds it with `fence`. The token is kept, so the
     /// next holder's is larger.
-    fn release_lease(
-        &self,
-        _session: SessionId,
-        _fence: u64,
-    ) -> std::result::Result<(), EngineError> {
-        Ok(())
-    }
+    fn release_lease(&self, session: SessionId, fence: u64)
+    -> std::result::Result<(), EngineError>;
 
-    /// The session's lease as it stands (`None`: never leased, or an engine without leases).
-    fn lease(&self, _session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
-        Ok(None)
-    }
+    /// The session's lease as it stands (`None`: never leased).
+    fn lease(&self, session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError>;
 
     /// Puts `mail` in the mailbox unless mail with its id is there; says whether it was put.
-    fn post(&self, _mail: &Mail) -> std::result::Result<bool, EngineError> {
-        Err(EngineError::new(
-            crate::EngineErrorKind::Other,
-            "an embedded store has no mailbox: its one writer keeps every session",
-        ))
-    }
+    fn post(&self, mail: &Mail) -> std::result::Result<bool, EngineError>;
 
     /// The mail waiting for any of `recipients`, in the order it was posted.
-    fn mail_for(&self, _recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError> {
-        Ok(Vec::new())
-    }
+    fn mail_for(&self, recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError>;
 
     /// Removes the mail with these ids; returns the ids it removed (mail another caller removed
     /// first is not among them).
-    fn take_mail(&self, _ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError> {
-        Ok(Vec::new())
-    }
+    fn take_mail(&self, ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError>;
 
     /// Claims mail for this holder, about to deliver it: says whether it may (the mail is
     /// unclaimed, or its claimant no longer holds the recipient's lease).
-    fn claim_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
-        Ok(false)
-    }
+    fn claim_mail(&self, id: uuid::Uuid) -> std::result::Result<bool, EngineError>;
 
     /// Removes mail unless a host has claimed it; says whether it was removed.
-    fn withdraw_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
-        Ok(false)
-    }
+    fn withdraw_mail(&self, id: uuid::Uuid) -> std::result::Result<bool, EngineError>;
 }
 
 /// A message in a shared store's mailbox, for the host that keeps its recipient resident: how
@@ -302,7 +279,7 @@ pub struct Mail {
     pub body: Vec<u8>,
 }
 
-/// The answer to [`Engine::acquire`].
+/// The answer to [`Coordination::acquire`].
 #[derive(Clone, Debug)]
 pub(crate) enum Acquired {
     Granted {

@@ -11,11 +11,13 @@
 //! A keeper thread renews every held lease each third of the lease's time (a late renewal keeps a
 //! lease that ran out if nobody took it over meanwhile). A lease a renewal or a write finds lost
 //! (taken over) is reported to the session's pending flushes at once, and every later write of
-//! the session through this store is refused until its owner is dropped. Leases are released when their owner is dropped and when the store closes; the
-//! token is kept, so the next holder's is larger.
+//! the session through this store is refused until its owner is dropped. Leases are released
+//! when their owner is dropped and when the store closes; the token is kept, so the next holder's
+//! is larger.
 //!
-//! An embedded file has one writer (its lock says so): there every lease is granted, token 0,
-//! and the same code runs on both engines.
+//! The leases and the mailbox are the engine's [`Coordination`]. An embedded file has one writer
+//! (its lock says so), and its coordination (`OneWriter`) grants every lease with token 0: the
+//! same code runs on both engines.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -23,7 +25,7 @@ use std::time::Duration;
 
 use lineage_log::SessionId;
 
-use crate::engine::{Engine, LeaseState, Mail};
+use crate::engine::{Coordination, LeaseState, Mail};
 use crate::writer::{Queue, Refusal, refuse};
 use crate::{Store, StoreError};
 
@@ -62,7 +64,7 @@ pub(crate) struct Keeper {
 
 impl Keeper {
     pub fn start(
-        engine: Arc<dyn Engine>,
+        coordination: Arc<dyn Coordination>,
         queue: Arc<Queue>,
         ttl: Duration,
     ) -> std::io::Result<Keeper> {
@@ -82,7 +84,7 @@ impl Keeper {
                         return;
                     }
                     drop(stopped_now);
-                    renew(&*engine, &queue, ttl);
+                    renew(&*coordination, &queue, ttl);
                     stopped_now = stopped.lock().unwrap_or_else(|p| p.into_inner());
                 }
             })?;
@@ -102,7 +104,7 @@ impl Keeper {
 
 /// One renewal of every held lease. A failure to reach the database is logged and tried again
 /// next time (the lease may still be ours: the token decides).
-fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
+fn renew(coordination: &dyn Coordination, queue: &Queue, ttl: Duration) {
     let held: Vec<_> = queue
         .lock()
         .leases
@@ -113,7 +115,7 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
     if held.is_empty() {
         return;
     }
-    let lost = match crate::store::contained(|| engine.renew(&held, ttl)) {
+    let lost = match crate::store::contained(|| coordination.renew(&held, ttl)) {
         Ok(Ok(lost)) => lost,
         Ok(Err(error)) => {
             tracing::warn!(%error, leases = held.len(), "renewing the store's leases failed; trying again");
@@ -126,7 +128,7 @@ fn renew(engine: &dyn Engine, queue: &Queue, ttl: Duration) {
     };
     for session in lost {
         let renewed_fence = held.iter().find(|(s, _)| *s == session).map(|(_, f)| *f);
-        let lease = engine.lease(session).ok().flatten();
+        let lease = coordination.lease(session).ok().flatten();
         let mut state = queue.lock();
         // The lease asked about, not a newer one taken since (its owner dropped and taken again).
         let Some(held) = state
@@ -149,13 +151,13 @@ impl Store {
     /// Whether other hosts may share this store (PostgreSQL), so that leases and the mailbox
     /// mean something; an embedded file has one writer.
     pub fn is_shared(&self) -> bool {
-        self.inner.engine.shared()
+        self.inner.coordination.shared()
     }
 
     /// The session's lease as it stands on a shared store (`None` on an embedded file, or when
     /// the session was never leased).
     pub fn lease(&self, session: SessionId) -> crate::Result<Option<LeaseState>> {
-        self.on_engine(|engine| engine.lease(session))
+        self.coordinate(|c| c.lease(session))
     }
 
     /// The session's lease if another host holds it live (it keeps the session resident).
@@ -168,12 +170,12 @@ impl Store {
     /// whether it was new. Only a shared store has a mailbox.
     pub fn post(&self, mail: &Mail) -> crate::Result<bool> {
         self.writable()?;
-        self.on_engine(|engine| engine.post(mail))
+        self.coordinate(|c| c.post(mail))
     }
 
     /// The mail waiting for any of `recipients`, in posting order. It stays waiting until taken.
     pub fn mail_for(&self, recipients: &[SessionId]) -> crate::Result<Vec<Mail>> {
-        self.on_engine(|engine| engine.mail_for(recipients))
+        self.coordinate(|c| c.mail_for(recipients))
     }
 
     /// Claims mail for delivery by this store's host (see [`Mail`]): says whether this host
@@ -181,27 +183,27 @@ impl Store {
     /// claimant no longer holds the recipient's lease.
     pub fn claim_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
         self.writable()?;
-        self.on_engine(|engine| engine.claim_mail(id))
+        self.coordinate(|c| c.claim_mail(id))
     }
 
     /// Takes mail back unless a host has claimed it for delivery; says whether it was taken.
     pub fn withdraw_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
         self.writable()?;
-        self.on_engine(|engine| engine.withdraw_mail(id))
+        self.coordinate(|c| c.withdraw_mail(id))
     }
 
     /// Takes the mail with these ids out of the mailbox; returns the ids this call took. Of two
     /// hosts taking one piece of mail, exactly one gets its id back.
     pub fn take_mail(&self, ids: &[uuid::Uuid]) -> crate::Result<Vec<uuid::Uuid>> {
         self.writable()?;
-        self.on_engine(|engine| engine.take_mail(ids))
+        self.coordinate(|c| c.take_mail(ids))
     }
 
-    /// One call of the engine's, its panic contained and its failure the store's.
-    pub(crate) fn on_engine<T>(
+    /// One call of the coordination's, its panic contained and its failure the store's.
+    pub(crate) fn coordinate<T>(
         &self,
-        call: impl FnOnce(&dyn Engine) -> std::result::Result<T, crate::EngineError>,
+        call: impl FnOnce(&dyn Coordination) -> std::result::Result<T, crate::EngineError>,
     ) -> crate::Result<T> {
-        crate::store::guard(|| call(&*self.inner.engine).map_err(StoreError::Storage))
+        crate::store::guard(|| call(&*self.inner.coordination).map_err(StoreError::Storage))
     }
 }

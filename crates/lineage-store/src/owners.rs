@@ -72,7 +72,7 @@ impl Drop for SessionOwner {
         // The lease goes first: until the ownership ends nobody here can own the session anew.
         let held = inner.queue.lock().leases.remove(&self.session);
         if let Some(held) = held.filter(|held| held.lost.is_none()) {
-            match contained(|| inner.engine.release_lease(self.session, held.fence)) {
+            match contained(|| inner.coordination.release_lease(self.session, held.fence)) {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     tracing::warn!(session = %self.session, %error, "releasing the session's lease failed; it expires by itself")
@@ -104,13 +104,13 @@ impl Store {
             session,
             fence: None,
         };
-        if !self.inner.engine.shared() {
+        if !self.inner.coordination.shared() {
             return Ok(owner);
         }
         // What was admitted without the lease goes first, under the rules of a write without one.
         self.flush_before_read(session)?;
         let ttl = self.inner.options.lease_ttl;
-        let acquired = self.on_engine(|engine| engine.acquire(session, ttl))?;
+        let acquired = self.coordinate(|c| c.acquire(session, ttl))?;
         match acquired {
             Acquired::Granted { fence } => {
                 let mut state = self.inner.queue.lock();

@@ -32,8 +32,8 @@ use uuid::Uuid;
 
 use crate::delete::DeleteJob;
 use crate::engine::{
-    Acquired, Blocks, Bytes, CommitError, Committed, Engine, LeaseState, Mail, Removal, Removed,
-    SessionWrite, View, Written, block_count, redact, round_in_store,
+    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Engine, LeaseState, Mail,
+    Removal, Removed, SessionWrite, View, Written, block_count, redact, round_in_store,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
@@ -780,7 +780,11 @@ impl Engine for PgEngine {
         // A connection left inside a failed transaction is not reused.
         *slot = None;
     }
+}
 
+/// Hosts share the database: leases and the mailbox are rows every host sees, fenced by tokens
+/// the server raises.
+impl Coordination for PgEngine {
     fn shared(&self) -> bool {
         true
     }

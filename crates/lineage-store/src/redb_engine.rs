@@ -8,8 +8,8 @@ use redb::{
 use crate::Result;
 use crate::delete::{DeleteJob, delete_in};
 use crate::engine::{
-    Blocks, Bytes, CommitError, Committed, Engine, Removal, Removed, SessionWrite, View, Written,
-    block_count, round_in_store,
+    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Engine, LeaseState, Mail,
+    Removal, Removed, SessionWrite, View, Written, block_count, round_in_store,
 };
 use crate::error::{Engine as _, EngineError};
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
@@ -141,6 +141,73 @@ impl Engine for RedbEngine {
         {
             tracing::error!(%panic, "the storage engine panicked closing the store file");
         }
+    }
+}
+
+/// An embedded file's coordination. One process writes the file (its lock keeps out every other
+/// writer), so that process holds every session: a lease is granted at once, with token 0, and is
+/// never lost; no session is leased elsewhere; and no other host keeps a session to deliver mail
+/// to, so there is no mailbox.
+pub(crate) struct OneWriter;
+
+impl Coordination for OneWriter {
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn holder(&self) -> uuid::Uuid {
+        uuid::Uuid::nil()
+    }
+
+    fn acquire(
+        &self,
+        _session: SessionId,
+        _ttl: std::time::Duration,
+    ) -> std::result::Result<Acquired, EngineError> {
+        Ok(Acquired::Granted { fence: 0 })
+    }
+
+    fn renew(
+        &self,
+        _held: &[(SessionId, u64)],
+        _ttl: std::time::Duration,
+    ) -> std::result::Result<Vec<SessionId>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    fn release_lease(
+        &self,
+        _session: SessionId,
+        _fence: u64,
+    ) -> std::result::Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn lease(&self, _session: SessionId) -> std::result::Result<Option<LeaseState>, EngineError> {
+        Ok(None)
+    }
+
+    fn post(&self, _mail: &Mail) -> std::result::Result<bool, EngineError> {
+        Err(EngineError::new(
+            crate::EngineErrorKind::Other,
+            "an embedded store has no mailbox: its one writer keeps every session",
+        ))
+    }
+
+    fn mail_for(&self, _recipients: &[SessionId]) -> std::result::Result<Vec<Mail>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    fn take_mail(&self, _ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    fn claim_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
+        Ok(false)
+    }
+
+    fn withdraw_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
+        Ok(false)
     }
 }
 

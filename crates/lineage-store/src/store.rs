@@ -19,7 +19,7 @@ use redb::{
 use uuid::Uuid;
 
 use crate::create;
-use crate::engine::{Engine as StorageEngine, View};
+use crate::engine::{Coordination, Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
     Block, BlockFormat, CHILDREN, EVENTS, MAGIC, MAX_RECORD_BYTES, META, META_FORMAT, META_MAGIC,
@@ -29,7 +29,7 @@ use crate::lease::Keeper;
 use crate::owners::Owners;
 use crate::read::{read_from, read_log, read_record};
 use crate::recovery::Reader;
-use crate::redb_engine::RedbEngine;
+use crate::redb_engine::{OneWriter, RedbEngine};
 use crate::writer::{self, PendingBlock, Queue, Tail};
 use crate::{Result, StoreError};
 
@@ -294,6 +294,7 @@ pub(crate) fn open_backend(backend: impl StorageBackend, cache_bytes: usize) -> 
 
 pub(crate) struct Inner {
     pub engine: Arc<dyn StorageEngine>,
+    pub coordination: Arc<dyn Coordination>,
     pub path: Option<PathBuf>,
     pub store_id: Uuid,
     /// How the store lays out its blocks: format 2, or format 1 on a store opened read-only
@@ -327,7 +328,7 @@ impl Drop for Inner {
             let leases: Vec<_> = self.queue.lock().leases.drain().collect();
             for (session, held) in leases.into_iter().filter(|(_, held)| held.lost.is_none()) {
                 if let Ok(Err(error)) | Err(error) =
-                    contained(|| self.engine.release_lease(session, held.fence))
+                    contained(|| self.coordination.release_lease(session, held.fence))
                         .map_err(|panic| EngineError::new(EngineErrorKind::Other, panic))
                 {
                     tracing::warn!(%session, %error, "releasing the session's lease failed; it expires by itself");
@@ -514,7 +515,8 @@ impl Store {
             guard(|| {
                 let (engine, store_id, format) = crate::postgres::PgEngine::open(url, false)?;
                 writable_format(&crate::engine::display_location(Path::new(url)), format)?;
-                Self::start_writer(Arc::new(engine), None, store_id, options)
+                let engine = Arc::new(engine);
+                Self::start_writer(engine.clone(), engine, None, store_id, options)
             })
         }
         #[cfg(not(feature = "postgres"))]
@@ -536,7 +538,8 @@ impl Store {
             #[cfg(feature = "postgres")]
             return guard(|| {
                 let (engine, store_id, format) = crate::postgres::PgEngine::open(url, true)?;
-                Ok(Self::reader(Arc::new(engine), None, store_id, format))
+                let engine = Arc::new(engine);
+                Ok(Self::reader(engine.clone(), engine, None, store_id, format))
             });
             #[cfg(not(feature = "postgres"))]
             return Err(no_postgres(url));
@@ -553,6 +556,7 @@ impl Store {
             drop(txn);
             Ok(Self::reader(
                 Arc::new(RedbEngine::Read(db)),
+                Arc::new(OneWriter),
                 Some(path.to_owned()),
                 store_id,
                 format,
@@ -563,6 +567,7 @@ impl Store {
     /// A read-only store over `engine`: no writer thread.
     pub(crate) fn reader(
         engine: Arc<dyn StorageEngine>,
+        coordination: Arc<dyn Coordination>,
         path: Option<PathBuf>,
         store_id: Uuid,
         format: BlockFormat,
@@ -570,6 +575,7 @@ impl Store {
         Store {
             inner: Arc::new(Inner {
                 engine,
+                coordination,
                 path,
                 store_id,
                 format,
@@ -602,17 +608,18 @@ impl Store {
             opener: reopenable.then_some(opener),
             reopen_failure: Mutex::new(None),
         }));
-        Self::start_writer(engine, path, store_id, options)
+        Self::start_writer(engine, Arc::new(OneWriter), path, store_id, options)
     }
 
     /// A writable store over `engine`, with its writer thread.
     pub(crate) fn start_writer(
         engine: Arc<dyn StorageEngine>,
+        coordination: Arc<dyn Coordination>,
         path: Option<PathBuf>,
         store_id: Uuid,
         options: StoreOptions,
     ) -> Result<Store> {
-        if engine.shared() && !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&options.lease_ttl) {
+        if coordination.shared() && !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&options.lease_ttl) {
             return Err(StoreError::InvalidOption {
                 field: "lease_ttl",
                 reason: format!(
@@ -629,8 +636,8 @@ impl Store {
                 .spawn(move || writer::run(engine, queue, options))
                 .map_err(|e| StoreError::Storage(EngineError::io(e)))?
         };
-        let keeper = if engine.shared() {
-            let keeper = Keeper::start(engine.clone(), queue.clone(), options.lease_ttl)
+        let keeper = if coordination.shared() {
+            let keeper = Keeper::start(coordination.clone(), queue.clone(), options.lease_ttl)
                 .map_err(|e| StoreError::Storage(EngineError::io(e)))?;
             Some(keeper)
         } else {
@@ -639,6 +646,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 engine,
+                coordination,
                 path,
                 store_id,
                 format: BlockFormat::V2,
@@ -654,7 +662,7 @@ impl Store {
     /// This handle's id as the holder of leases on a shared store: each open store is a holder
     /// of its own (nil on an embedded file, which needs no leases).
     pub fn holder(&self) -> Uuid {
-        self.inner.engine.holder()
+        self.inner.coordination.holder()
     }
 
     /// The file the store lives in, if it is a file.
@@ -981,7 +989,7 @@ impl Store {
         self.writable()?;
         if self.is_owned(session) {
             self.check_owned_load(session)?;
-        } else if self.inner.engine.shared() {
+        } else if self.inner.coordination.shared() {
             self.flush_before_read(session)?;
             let loaded = self.inspect(session)?;
             if loaded.closers == 0 {

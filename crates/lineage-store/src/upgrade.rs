@@ -27,7 +27,7 @@ use lineage_log::{Chain, SessionId};
 
 use crate::fill::lay_out_log;
 use crate::layout::{Block, BlockFormat};
-use crate::redb_engine::RedbEngine;
+use crate::redb_engine::{OneWriter, RedbEngine};
 use crate::store::{
     DEFAULT_CACHE_BYTES, STORE_FORMAT_VERSION, Store, Writable, builder, check_meta, guard,
     initialize_as, open_error,
@@ -152,6 +152,7 @@ fn upgrade_file(path: &Path) -> Result<Upgraded> {
         // The extra handle on `old` keeps the reader from closing (and compacting) the old file.
         let source = Store::reader(
             Arc::new(RedbEngine::Write(Writable::single(old.clone()))),
+            Arc::new(OneWriter),
             Some(path.to_owned()),
             store_id,
             format,

@@ -14,7 +14,8 @@ use std::collections::HashSet;
 
 use lineage_log::SessionId;
 
-use crate::engine::Removal;
+pub use crate::engine::Deleted;
+use crate::engine::{Deletion, Removal};
 use crate::error::EngineError;
 use crate::owners::Owners;
 use crate::store::Store;
@@ -30,19 +31,6 @@ pub enum DeleteRule {
     /// Delete the session and every stored descendant (children, their children, forks of any of
     /// them), all in one transaction.
     Subtree,
-}
-
-/// What a deletion removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Deleted {
-    /// The deleted sessions: the one asked for first, then its descendants breadth first.
-    pub sessions: Vec<SessionId>,
-    /// How many events they held.
-    pub events: u64,
-    /// How many stored blocks they took.
-    pub blocks: u64,
-    /// How many bytes of blocks they took.
-    pub bytes: u64,
 }
 
 /// A deletion queued for the writer thread.
@@ -110,54 +98,57 @@ impl Store {
     }
 }
 
-/// Performs one deletion inside the writer's transaction. A refusal (unknown session,
-/// descendants, an owned session) is decided before anything is removed and is the inner error;
-/// a failure of the storage engine is the outer one and aborts the whole transaction.
-pub(crate) fn delete_in(
-    txn: &mut dyn Removal,
-    job: &DeleteJob,
-) -> std::result::Result<Result<Deleted>, EngineError> {
-    let session = job.session;
-    if !txn.is_stored(session)? {
-        return Ok(Err(StoreError::UnknownSession { session }));
+/// One deletion inside the writer's transaction. A refusal (unknown session, descendants, an
+/// owned session) is decided before anything is removed and is the inner error; a failure of the
+/// storage engine is the outer one and aborts the whole transaction.
+impl Deletion for DeleteJob {
+    fn id(&self) -> u64 {
+        self.id
     }
-    // The subtree, breadth first, each session once (a damaged index could hold a cycle); only
-    // stored sessions count: an index entry naming a missing child is removed with its parent.
-    let mut order = vec![session];
-    let mut seen: HashSet<SessionId> = order.iter().copied().collect();
-    let mut next = 0;
-    while next < order.len() {
-        for child in txn.children(order[next])? {
-            if !seen.contains(&child) && txn.is_stored(child)? && seen.insert(child) {
-                order.push(child);
+
+    fn run(&self, txn: &mut dyn Removal) -> std::result::Result<Result<Deleted>, EngineError> {
+        let session = self.session;
+        if !txn.is_stored(session)? {
+            return Ok(Err(StoreError::UnknownSession { session }));
+        }
+        // The subtree, breadth first, each session once (a damaged index could hold a cycle); only
+        // stored sessions count: an index entry naming a missing child is removed with its parent.
+        let mut order = vec![session];
+        let mut seen: HashSet<SessionId> = order.iter().copied().collect();
+        let mut next = 0;
+        while next < order.len() {
+            for child in txn.children(order[next])? {
+                if !seen.contains(&child) && txn.is_stored(child)? && seen.insert(child) {
+                    order.push(child);
+                }
+            }
+            next += 1;
+        }
+        if self.rule == DeleteRule::Refuse && order.len() > 1 {
+            return Ok(Err(StoreError::HasDescendants {
+                session,
+                descendants: order.len() - 1,
+            }));
+        }
+        if let Some(&owned) = order.iter().find(|s| self.owners.contains(**s)) {
+            return Ok(Err(StoreError::OwnedSession { session, owned }));
+        }
+        // Nor one another host keeps resident.
+        for &kept in &order {
+            if let Some(lease) = txn.held_elsewhere(kept)? {
+                return Ok(Err(StoreError::held_elsewhere(kept, &lease)));
             }
         }
-        next += 1;
-    }
-    if job.rule == DeleteRule::Refuse && order.len() > 1 {
-        return Ok(Err(StoreError::HasDescendants {
-            session,
-            descendants: order.len() - 1,
-        }));
-    }
-    if let Some(&owned) = order.iter().find(|s| job.owners.contains(**s)) {
-        return Ok(Err(StoreError::OwnedSession { session, owned }));
-    }
-    // Nor one another host keeps resident.
-    for &kept in &order {
-        if let Some(lease) = txn.held_elsewhere(kept)? {
-            return Ok(Err(StoreError::held_elsewhere(kept, &lease)));
+        let mut deleted = Deleted {
+            sessions: order.clone(),
+            ..Deleted::default()
+        };
+        for &gone in &order {
+            let removed = txn.remove(gone)?;
+            deleted.blocks += removed.blocks;
+            deleted.events += removed.events;
+            deleted.bytes += removed.bytes;
         }
+        Ok(Ok(deleted))
     }
-    let mut deleted = Deleted {
-        sessions: order.clone(),
-        ..Deleted::default()
-    };
-    for &gone in &order {
-        let removed = txn.remove(gone)?;
-        deleted.blocks += removed.blocks;
-        deleted.events += removed.events;
-        deleted.bytes += removed.bytes;
-    }
-    Ok(Ok(deleted))
 }

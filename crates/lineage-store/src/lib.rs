@@ -19,7 +19,6 @@
 #![warn(missing_docs)]
 
 mod copy;
-mod create;
 mod delete;
 mod engine;
 mod error;
@@ -32,11 +31,7 @@ mod lease;
 mod meta;
 mod owners;
 mod pack;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod read;
-mod recovery;
-mod redb_engine;
 mod scan;
 mod store;
 mod upgrade;

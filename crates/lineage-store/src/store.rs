@@ -18,7 +18,9 @@ use redb::{
 };
 use uuid::Uuid;
 
-use crate::create;
+use crate::engine::redb::create;
+use crate::engine::redb::recovery::Reader;
+use crate::engine::redb::{OneWriter, RedbEngine};
 use crate::engine::{Coordination, Engine as StorageEngine, View};
 use crate::error::{Engine, EngineError, EngineErrorKind};
 use crate::layout::{
@@ -28,8 +30,6 @@ use crate::layout::{
 use crate::lease::Keeper;
 use crate::owners::Owners;
 use crate::read::{read_from, read_log, read_record};
-use crate::recovery::Reader;
-use crate::redb_engine::{OneWriter, RedbEngine};
 use crate::writer::{self, PendingBlock, Queue, Tail};
 use crate::{Result, StoreError};
 
@@ -513,7 +513,8 @@ impl Store {
         #[cfg(feature = "postgres")]
         {
             guard(|| {
-                let (engine, store_id, format) = crate::postgres::PgEngine::open(url, false)?;
+                let (engine, store_id, format) =
+                    crate::engine::postgres::PgEngine::open(url, false)?;
                 writable_format(&crate::engine::display_location(Path::new(url)), format)?;
                 let engine = Arc::new(engine);
                 Self::start_writer(engine.clone(), engine, None, store_id, options)
@@ -537,7 +538,8 @@ impl Store {
         if let Some(url) = path.as_ref().to_str().filter(|p| crate::engine::is_url(p)) {
             #[cfg(feature = "postgres")]
             return guard(|| {
-                let (engine, store_id, format) = crate::postgres::PgEngine::open(url, true)?;
+                let (engine, store_id, format) =
+                    crate::engine::postgres::PgEngine::open(url, true)?;
                 let engine = Arc::new(engine);
                 Ok(Self::reader(engine.clone(), engine, None, store_id, format))
             });

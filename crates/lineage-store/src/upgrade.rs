@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
-use crate::create::{self, Purpose};
+use crate::engine::redb::create::{self, Purpose};
 use crate::error::{Engine, EngineError};
 use lineage_log::{Chain, SessionId};
 
+use crate::engine::redb::{OneWriter, RedbEngine};
 use crate::fill::lay_out_log;
 use crate::layout::{Block, BlockFormat};
-use crate::redb_engine::{OneWriter, RedbEngine};
 use crate::store::{
     DEFAULT_CACHE_BYTES, STORE_FORMAT_VERSION, Store, Writable, builder, check_meta, guard,
     initialize_as, open_error,
@@ -71,7 +71,7 @@ impl Store {
 /// a lease on any of them (a transaction is all or nothing, so a killed upgrade changed nothing).
 #[cfg(feature = "postgres")]
 fn upgrade_database(url: &str) -> Result<Upgraded> {
-    let done = crate::postgres::upgrade(url, relayout)?;
+    let done = crate::engine::postgres::upgrade(url, relayout)?;
     Ok(Upgraded {
         from: done.from,
         to: STORE_FORMAT_VERSION,

@@ -20,7 +20,7 @@ use std::time::Instant;
 use lineage_log::{Chain, Digest, Header, SessionId, Structure};
 
 use crate::delete::{DeleteJob, Deleted};
-use crate::engine::{CommitError, Committed, Engine, LeaseState, SessionWrite, Written};
+use crate::engine::{CommitError, Committed, Deletion, Engine, LeaseState, SessionWrite, Written};
 use crate::error::{EngineError, NotDurable};
 use crate::fill::{OpenRun, Ratio, lay_out};
 use crate::layout::{SessionRecord, encode_block};
@@ -525,7 +525,8 @@ impl Writer {
                 open,
             });
         }
-        let result = self.engine.commit(&writes, &deletions);
+        let deleting: Vec<&dyn Deletion> = deletions.iter().map(|d| d as &dyn Deletion).collect();
+        let result = self.engine.commit(&writes, &deleting);
         let failure = match result {
             Ok(committed) => {
                 drop(writes);

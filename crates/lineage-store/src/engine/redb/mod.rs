@@ -1,19 +1,21 @@
 //! The redb engine: the store in one embedded file (see `layout` for its tables).
 
+pub(crate) mod create;
+pub(crate) mod recovery;
+
 use lineage_log::SessionId;
 use redb::{
     ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, Table, WriteTransaction,
 };
 
 use crate::Result;
-use crate::delete::{DeleteJob, delete_in};
+use crate::engine::redb::recovery::Reader;
 use crate::engine::{
-    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Engine, LeaseState, Mail,
-    Removal, Removed, SessionWrite, View, Written, block_count, round_in_store,
+    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Deletion, Engine, LeaseState,
+    Mail, Removal, Removed, SessionWrite, View, Written, block_count, round_in_store,
 };
 use crate::error::{Engine as _, EngineError};
 use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
-use crate::recovery::Reader;
 use crate::store::{Writable, contained};
 
 /// A writable file (whose handle the writer reopens after a failed commit) or a read-only one.
@@ -68,7 +70,7 @@ impl Engine for RedbEngine {
     fn commit(
         &self,
         writes: &[SessionWrite],
-        deletions: &[DeleteJob],
+        deletions: &[&dyn Deletion],
     ) -> std::result::Result<Committed, CommitError> {
         let handle = self.handle().map_err(CommitError::before)?;
         // The engine may panic committing onto a damaged file: that is a failed commit, in
@@ -211,6 +213,15 @@ impl Coordination for OneWriter {
     }
 }
 
+/// A value read in place from a page the read transaction keeps.
+struct Page(redb::OwnedAccessGuard<&'static [u8]>);
+
+impl AsRef<[u8]> for Page {
+    fn as_ref(&self) -> &[u8] {
+        self.0.value()
+    }
+}
+
 /// One read transaction with the store's tables open. (The tables go before the transaction.)
 struct RedbView {
     sessions: ReadOnlyTable<u128, &'static [u8]>,
@@ -225,14 +236,14 @@ impl View for RedbView {
             .sessions
             .get_owned(session.as_u128())
             .engine()?
-            .map(Bytes::Page))
+            .map(|guard| Bytes::new(Page(guard))))
     }
 
     fn rows(&self) -> Result<Vec<(SessionId, Bytes)>> {
         let mut out = Vec::new();
         for entry in self.sessions.range_owned(..).engine()? {
             let (key, value) = entry.engine()?;
-            out.push((SessionId::from_u128(key.value()), Bytes::Page(value)));
+            out.push((SessionId::from_u128(key.value()), Bytes::new(Page(value))));
         }
         Ok(out)
     }
@@ -245,7 +256,7 @@ impl View for RedbView {
             .engine()?;
         Ok(Box::new(range.map(|entry| {
             let (key, value) = entry.engine()?;
-            Ok((key.value().1, Bytes::Page(value)))
+            Ok((key.value().1, Bytes::new(Page(value))))
         })))
     }
 
@@ -293,7 +304,7 @@ fn stored_next_seq(
 fn commit(
     db: &redb::Database,
     writes: &[SessionWrite],
-    deletions: &[DeleteJob],
+    deletions: &[&dyn Deletion],
 ) -> std::result::Result<Committed, CommitError> {
     let txn = db
         .begin_write()
@@ -303,8 +314,8 @@ fn commit(
     let mut removal = RedbRemoval { txn: &txn };
     for deletion in deletions {
         answers.push((
-            deletion.id,
-            delete_in(&mut removal, deletion).map_err(CommitError::before)?,
+            deletion.id(),
+            deletion.run(&mut removal).map_err(CommitError::before)?,
         ));
     }
     let committed = Committed {

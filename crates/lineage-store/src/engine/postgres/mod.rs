@@ -30,10 +30,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 use uuid::Uuid;
 
-use crate::delete::DeleteJob;
 use crate::engine::{
-    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Engine, LeaseState, Mail,
-    Removal, Removed, SessionWrite, View, Written, block_count, redact, round_in_store,
+    Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Deletion, Engine, LeaseState,
+    Mail, Removal, Removed, SessionWrite, View, Written, block_count, redact, round_in_store,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
@@ -544,7 +543,7 @@ impl PgEngine {
         conn: &Arc<Conn>,
         writes: &[SessionWrite],
         skip: &[usize],
-        deletions: &[DeleteJob],
+        deletions: &[&dyn Deletion],
     ) -> std::result::Result<Committed, RoundError> {
         let shared = &self.shared;
         let whole = |e: tokio_postgres::Error| RoundError::Whole(pg_error(e));
@@ -633,8 +632,8 @@ impl PgEngine {
             holder: self.holder,
         };
         for deletion in deletions {
-            match crate::delete::delete_in(&mut removal, deletion) {
-                Ok(answer) => answers.push((deletion.id, answer)),
+            match deletion.run(&mut removal) {
+                Ok(answer) => answers.push((deletion.id(), answer)),
                 Err(e) => return Err(abort(RoundError::Whole(e))),
             }
         }
@@ -720,7 +719,7 @@ impl Engine for PgEngine {
     fn commit(
         &self,
         writes: &[SessionWrite],
-        deletions: &[DeleteJob],
+        deletions: &[&dyn Deletion],
     ) -> std::result::Result<Committed, CommitError> {
         if self.read_only {
             return Err(CommitError::before(EngineError::new(
@@ -1027,7 +1026,16 @@ fn seq_of(row: &Row, index: usize) -> Result<u64> {
 fn bytes_of(row: Row, index: usize) -> Result<Bytes> {
     row.try_get::<_, &[u8]>(index)
         .map_err(|e| StoreError::Storage(pg_error(e)))?;
-    Ok(Bytes::Row(row, index))
+    Ok(Bytes::new(Column(row, index)))
+}
+
+/// A row's bytes column, checked to be bytes when it was read.
+struct Column(Row, usize);
+
+impl AsRef<[u8]> for Column {
+    fn as_ref(&self) -> &[u8] {
+        self.0.get(self.1)
+    }
 }
 
 impl View for PgView {

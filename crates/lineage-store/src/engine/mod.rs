@@ -9,29 +9,30 @@
 //! byte-identical blocks with the same digests. How the hosts sharing a store keep out of each
 //! other's way (leases, the mailbox) is apart from storage: [`Coordination`].
 
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod redb;
+
 use lineage_log::SessionId;
-use redb::OwnedAccessGuard;
 
 use crate::Result;
-use crate::delete::{DeleteJob, Deleted};
 use crate::error::EngineError;
 
-/// A stored value: a page redb lends, or a PostgreSQL row's column (checked to be bytes).
-pub(crate) enum Bytes {
-    Page(OwnedAccessGuard<&'static [u8]>),
-    #[cfg(feature = "postgres")]
-    Row(tokio_postgres::Row, usize),
+/// A stored value as its engine lends it (a page of the embedded file, a column of a row),
+/// read in place.
+pub(crate) struct Bytes(Box<dyn AsRef<[u8]> + Send>);
+
+impl Bytes {
+    pub fn new(value: impl AsRef<[u8]> + Send + 'static) -> Bytes {
+        Bytes(Box::new(value))
+    }
 }
 
 impl std::ops::Deref for Bytes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Page(guard) => guard.value(),
-            #[cfg(feature = "postgres")]
-            Bytes::Row(row, index) => row.get(*index),
-        }
+        (*self.0).as_ref()
     }
 }
 
@@ -168,6 +169,30 @@ impl CommitError {
     }
 }
 
+/// What a deletion removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// The deleted sessions: the one asked for first, then its descendants breadth first.
+    pub sessions: Vec<SessionId>,
+    /// How many events they held.
+    pub events: u64,
+    /// How many stored blocks they took.
+    pub blocks: u64,
+    /// How many bytes of blocks they took.
+    pub bytes: u64,
+}
+
+/// A deletion to commit in a round. What it removes is decided above the seam (the delete rule,
+/// owned and leased sessions), inside the round's transaction, through the engine's [`Removal`].
+pub(crate) trait Deletion: Send + Sync {
+    /// Matches the answer to its caller.
+    fn id(&self) -> u64;
+
+    /// Decides and removes, inside the transaction: the deletion's answer, or the engine's
+    /// failure, which fails the round.
+    fn run(&self, removal: &mut dyn Removal) -> std::result::Result<Result<Deleted>, EngineError>;
+}
+
 /// A storage engine under a [`crate::Store`].
 pub(crate) trait Engine: Send + Sync {
     /// A consistent read view of the latest commit.
@@ -180,7 +205,7 @@ pub(crate) trait Engine: Send + Sync {
     fn commit(
         &self,
         writes: &[SessionWrite],
-        deletions: &[DeleteJob],
+        deletions: &[&dyn Deletion],
     ) -> std::result::Result<Committed, CommitError>;
 
     /// Settles a round whose commit is in doubt (`writes`, which would have done `in_doubt`),

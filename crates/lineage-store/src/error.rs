@@ -492,10 +492,27 @@ impl EngineError {
         }
     }
 
+    /// A failure as an engine reports it: its kind, the engine's message, the I/O error
+    /// underneath and where a poisoned lock was taken.
+    pub(crate) fn from_parts(
+        kind: EngineErrorKind,
+        message: String,
+        io: Option<io::Error>,
+        poisoned_at: Option<&'static Location<'static>>,
+    ) -> EngineError {
+        EngineError {
+            kind,
+            message,
+            io: io.map(Arc::new),
+            poisoned_at,
+        }
+    }
+
     /// An I/O failure outside the engine (creating the file, starting the writer thread), said
-    /// as the engine says its own.
+    /// as an engine says its own.
     pub(crate) fn io(error: io::Error) -> EngineError {
-        EngineError::from_engine(redb::Error::Io(error))
+        let message = format!("I/O error: {error}");
+        EngineError::from_parts(EngineErrorKind::Io, message, Some(error), None)
     }
 }
 
@@ -509,47 +526,6 @@ impl std::fmt::Display for EngineError {
 /// it is not repeated as a source; [`EngineError::io_error`] gives it to a program.
 impl std::error::Error for EngineError {}
 
-impl EngineError {
-    /// The engine's `error` in Lineage's terms. A function, not a `From` impl: trait impls are
-    /// public API, and the engine's error types must not appear in the store's.
-    pub(crate) fn from_engine(error: redb::Error) -> EngineError {
-        let message = error.to_string();
-        let (kind, io, poisoned_at) = match error {
-            redb::Error::Io(e) => (EngineErrorKind::Io, Some(Arc::new(e)), None),
-            redb::Error::Corrupted(_)
-            | redb::Error::TableDoesNotExist(_)
-            | redb::Error::TableTypeMismatch { .. }
-            | redb::Error::TableIsMultimap(_)
-            | redb::Error::TableIsNotMultimap(_)
-            | redb::Error::TypeDefinitionChanged { .. } => (EngineErrorKind::Corrupted, None, None),
-            redb::Error::PreviousIo => (EngineErrorKind::PreviousIo, None, None),
-            redb::Error::LockPoisoned(at) => (EngineErrorKind::Poisoned, None, Some(at)),
-            redb::Error::RepairAborted => (EngineErrorKind::AwaitsRecovery, None, None),
-            redb::Error::DatabaseAlreadyOpen => (EngineErrorKind::AlreadyOpen, None, None),
-            _ => (EngineErrorKind::Other, None, None),
-        };
-        EngineError {
-            kind,
-            message,
-            io,
-            poisoned_at,
-        }
-    }
-}
-
-/// Converts a storage engine result to the store's, for `?` inside the crate. (A `From` impl of
-/// the engine's error types for [`StoreError`] would be public API.)
-pub(crate) trait Engine<T> {
-    /// The result, with an engine error as [`StoreError::Storage`].
-    fn engine(self) -> Result<T>;
-}
-
-impl<T, E: Into<redb::Error>> Engine<T> for std::result::Result<T, E> {
-    fn engine(self) -> Result<T> {
-        self.map_err(|e| StoreError::Storage(EngineError::from_engine(e.into())))
-    }
-}
-
 /// The store's result type.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -557,75 +533,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 mod tests {
     use super::*;
 
-    fn kind_of(error: redb::Error) -> EngineErrorKind {
-        EngineError::from_engine(error).kind()
-    }
-
     #[test]
-    fn engine_failures_are_classified_in_lineage_terms_and_keep_the_engine_message() {
-        let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "short read");
-        let engine = EngineError::from_engine(redb::Error::Io(eof));
-        assert_eq!(engine.kind(), EngineErrorKind::Io);
-        assert_eq!(
-            engine.io_error().map(io::Error::kind),
-            Some(io::ErrorKind::UnexpectedEof)
-        );
-        assert_eq!(engine.to_string(), "I/O error: short read");
-        // A clone shares the I/O error rather than losing it.
-        assert_eq!(
-            engine
-                .clone()
-                .io_error()
-                .map(ToString::to_string)
-                .as_deref(),
-            Some("short read")
-        );
-
-        assert_eq!(
-            kind_of(redb::Error::Corrupted("bad page".into())),
-            EngineErrorKind::Corrupted
-        );
-        assert_eq!(
-            kind_of(redb::Error::TableDoesNotExist("lineage/events".into())),
-            EngineErrorKind::Corrupted
-        );
-        assert_eq!(
-            kind_of(redb::Error::PreviousIo),
-            EngineErrorKind::PreviousIo
-        );
-        assert_eq!(
-            kind_of(redb::Error::RepairAborted),
-            EngineErrorKind::AwaitsRecovery
-        );
-        assert_eq!(
-            kind_of(redb::Error::DatabaseAlreadyOpen),
-            EngineErrorKind::AlreadyOpen
-        );
-        assert_eq!(kind_of(redb::Error::DatabaseClosed), EngineErrorKind::Other);
-        assert!(
-            EngineError::from_engine(redb::Error::DatabaseClosed)
-                .io_error()
-                .is_none()
-        );
-
-        let at = Location::caller();
-        let poisoned = EngineError::from_engine(redb::Error::LockPoisoned(at));
-        assert_eq!(poisoned.kind(), EngineErrorKind::Poisoned);
-        assert_eq!(poisoned.poisoned_at(), Some(at));
-    }
-
-    #[test]
-    fn the_engine_error_of_a_store_error_is_reachable_and_worded_as_before() {
-        let failed: std::result::Result<(), redb::StorageError> =
-            Err(redb::StorageError::Corrupted("bad page".into()));
-        let error = failed.engine().unwrap_err();
-        assert!(matches!(error, StoreError::Storage(_)), "{error:?}");
-        assert_eq!(error.to_string(), "storage error: DB corrupted: bad page");
-        assert_eq!(
-            error.engine().map(EngineError::kind),
-            Some(EngineErrorKind::Corrupted)
-        );
-
+    fn the_engine_error_of_a_store_error_is_reachable() {
         let commit = StoreError::CommitFailed {
             source: EngineError::io(io::Error::other("injected")),
             not_durable: Vec::new(),

@@ -1,24 +1,13 @@
-//! The on-disk layout: tables, keys, session records and blocks. `schema/FORMAT.md` documents it;
-//! every change here is a format change.
+//! The on-disk layout: session records, blocks and the store's `meta` keys, the same on every
+//! engine (the embedded file's tables are `engine::redb::tables`). `schema/FORMAT.md` documents
+//! it; every change here is a format change.
 
 use std::borrow::Cow;
 
 use lineage_log::{Digest, Header, SessionId};
-use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
 use crate::{Result, StoreError};
-
-/// `meta`: store-wide facts, by name.
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("lineage/meta");
-/// `sessions`: session id (as a big-endian integer) → [`SessionRecord`].
-pub(crate) const SESSIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("lineage/sessions");
-/// `events`: (session, first seq) → one block.
-pub(crate) const EVENTS: TableDefinition<(u128, u64), &[u8]> =
-    TableDefinition::new("lineage/events");
-/// `children`: (parent, child) → nothing; lists a parent's children without a scan.
-pub(crate) const CHILDREN: TableDefinition<(u128, u128), ()> =
-    TableDefinition::new("lineage/children");
 
 /// `meta` key of the magic value that marks a Lineage store.
 pub(crate) const META_MAGIC: &str = "magic";
@@ -322,12 +311,6 @@ pub(crate) fn encode_block(count: u32, digest: Digest, records: &[u8], out: &mut
 /// Sets the digest in a block value's header.
 pub(crate) fn set_block_digest(value: &mut [u8], digest: Digest) {
     value[4..BLOCK_HEADER_LEN].copy_from_slice(&digest.0);
-}
-
-/// The key range of one session's blocks.
-pub(crate) fn session_blocks(session: SessionId) -> std::ops::RangeInclusive<(u128, u64)> {
-    let id = session.as_u128();
-    (id, 0)..=(id, u64::MAX)
 }
 
 #[cfg(test)]

@@ -357,10 +357,9 @@ mod tests {
     use lineage_log::{Event, EventKind, Header, SessionId, interrupted_turn_closers};
     use lineage_testkit::{arb_valid_log, realistic_session};
     use proptest::prelude::*;
-    use redb::ReadableTable;
 
     use super::RepairTail;
-    use crate::layout::EVENTS;
+    use crate::engine::redb::tables::damage_block;
     use crate::{Store, StoreError, StoreOptions};
 
     /// Small blocks, so a few hundred events span many of them.
@@ -482,31 +481,12 @@ mod tests {
         let log = realistic_session(8, 200);
         let (path, id) = store_with(dir.path(), &log);
         // Flip a bit in the last record byte of the third block, leaving its digest as it was.
-        let (first_seq, last_seq) = {
-            let db = redb::Database::open(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            let bounds = {
-                let mut table = txn.open_table(EVENTS).unwrap();
-                let (key, mut bytes) = {
-                    let (k, v) = table
-                        .range(crate::layout::session_blocks(id))
-                        .unwrap()
-                        .nth(2)
-                        .unwrap()
-                        .unwrap();
-                    (k.value(), v.value().to_vec())
-                };
-                let block =
-                    crate::layout::Block::parse(crate::layout::BlockFormat::V2, id, key.1, &bytes)
-                        .unwrap();
-                let bounds = (key.1, block.last_seq(key.1));
-                *bytes.last_mut().unwrap() ^= 0x01;
-                table.insert(key, bytes.as_slice()).unwrap();
-                bounds
-            };
-            txn.commit().unwrap();
-            bounds
-        };
+        let (first_seq, block) =
+            damage_block(&path, id, 2, |bytes| *bytes.last_mut().unwrap() ^= 0x01);
+        let last_seq =
+            crate::layout::Block::parse(crate::layout::BlockFormat::V2, id, first_seq, &block)
+                .unwrap()
+                .last_seq(first_seq);
         let store = Store::open_read_only(&path).unwrap();
         let mut scan = store.scan(id, 0).unwrap();
         let before: Vec<Event> = scan.by_ref().map_while(Result::ok).collect();

@@ -17,21 +17,13 @@
 //! checked and laid out anew, the format version raised), refused while any host holds a lease.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use redb::ReadableDatabase;
-
-use crate::engine::redb::create::{self, Purpose};
-use crate::error::{Engine, EngineError};
 use lineage_log::{Chain, SessionId};
 
-use crate::engine::redb::{OneWriter, RedbEngine};
+use crate::engine::redb::upgrade::upgrade_file;
 use crate::fill::lay_out_log;
 use crate::layout::{Block, BlockFormat};
-use crate::store::{
-    DEFAULT_CACHE_BYTES, STORE_FORMAT_VERSION, Store, Writable, builder, check_meta, guard,
-    initialize_as, open_error,
-};
+use crate::store::{STORE_FORMAT_VERSION, Store, guard};
 use crate::{Result, StoreError, StoreOptions};
 
 /// What [`Store::upgrade`] did.
@@ -114,78 +106,4 @@ fn relayout(session: SessionId, blocks: Vec<(u64, Vec<u8>)>) -> Result<Vec<(u64,
         expected = block.last_seq(*first_seq) + 1;
     }
     Ok(lay_out_log(&records, &StoreOptions::default()))
-}
-
-fn upgrade_file(path: &Path) -> Result<Upgraded> {
-    // The file a symbolic link names is the store: it is rewritten beside itself, not the link.
-    let path = &std::fs::canonicalize(path).map_err(|error| StoreError::NotAStore {
-        path: path.to_owned(),
-        reason: format!("cannot read it: {error}"),
-    })?;
-    // The old file's writer lock, held until the new file has replaced it.
-    let old = Arc::new(
-        builder(DEFAULT_CACHE_BYTES)
-            .open(path)
-            .map_err(|e| open_error(path, e))?,
-    );
-    let (store_id, format) =
-        check_meta(&old.begin_read().engine()?, path)?.ok_or_else(|| StoreError::NotAStore {
-            path: path.to_owned(),
-            reason: "it holds no Lineage tables".into(),
-        })?;
-    let from = match format {
-        BlockFormat::V1 => 1,
-        BlockFormat::V2 => {
-            return Ok(Upgraded {
-                from: STORE_FORMAT_VERSION,
-                to: STORE_FORMAT_VERSION,
-                sessions: 0,
-                events: 0,
-            });
-        }
-    };
-    create::remove_leftovers(path);
-    let io = |e: std::io::Error| StoreError::Storage(EngineError::io(e));
-    let (temporary, file) = create::temporary_file(path, Purpose::Upgrading).map_err(io)?;
-    drop(file);
-    let rewritten = (|| {
-        // The extra handle on `old` keeps the reader from closing (and compacting) the old file.
-        let source = Store::reader(
-            Arc::new(RedbEngine::Write(Writable::single(old.clone()))),
-            Arc::new(OneWriter),
-            Some(path.to_owned()),
-            store_id,
-            format,
-        );
-        {
-            let new = builder(DEFAULT_CACHE_BYTES)
-                .create(&temporary)
-                .map_err(|e| open_error(&temporary, e))?;
-            initialize_as(&new, &temporary, store_id)?;
-        }
-        let destination = Store::open(&temporary)?;
-        let copied = source.copy_into(&destination)?;
-        destination.close()?;
-        // The new file is the store: it keeps the old one's permissions (session logs are often
-        // private to their owner).
-        let permissions = std::fs::metadata(path).map_err(io)?.permissions();
-        std::fs::set_permissions(&temporary, permissions).map_err(io)?;
-        std::fs::File::open(&temporary)
-            .and_then(|file| file.sync_all())
-            .map_err(io)?;
-        std::fs::rename(&temporary, path).map_err(io)?;
-        create::sync_directory(create::directory_of(path)).map_err(io)?;
-        Ok(copied)
-    })();
-    if rewritten.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    let copied = rewritten?;
-    drop(old);
-    Ok(Upgraded {
-        from,
-        to: STORE_FORMAT_VERSION,
-        sessions: copied.copied.len(),
-        events: copied.events,
-    })
 }

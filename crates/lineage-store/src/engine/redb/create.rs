@@ -25,8 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::StorageBackend;
 
-use crate::error::{Engine, EngineError};
-use crate::store::{initialize, open_backend};
+use super::error::Engine;
+use super::open::{initialize, open_backend};
+use crate::error::EngineError;
 use crate::{Result, StoreError};
 
 /// The directory holding `path` (the current one for a bare file name).

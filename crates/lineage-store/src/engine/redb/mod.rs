@@ -1,7 +1,13 @@
-//! The redb engine: the store in one embedded file (see `layout` for its tables).
+//! The redb engine: the store in one embedded file (`tables` has its tables).
 
 pub(crate) mod create;
+pub(crate) mod error;
+mod open;
 pub(crate) mod recovery;
+pub(crate) mod tables;
+pub(crate) mod upgrade;
+
+pub(crate) use open::{Writable, builder, check_meta, initialize_as, open_error};
 
 use lineage_log::SessionId;
 use redb::{
@@ -14,9 +20,11 @@ use crate::engine::{
     Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Deletion, Engine, LeaseState,
     Mail, Removal, Removed, SessionWrite, View, Written, block_count, round_in_store,
 };
-use crate::error::{Engine as _, EngineError};
-use crate::layout::{CHILDREN, EVENTS, SESSIONS, SessionRecord, session_blocks};
-use crate::store::{Writable, contained};
+use crate::error::EngineError;
+use crate::layout::SessionRecord;
+use crate::store::contained;
+use error::Engine as _;
+use tables::{CHILDREN, EVENTS, SESSIONS, session_blocks};
 
 /// A writable file (whose handle the writer reopens after a failed commit) or a read-only one.
 pub(crate) enum RedbEngine {

@@ -36,8 +36,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use redb::{ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase};
 
-use crate::error::Engine;
-use crate::store::{DEFAULT_CACHE_BYTES, builder, contained, open_error};
+use super::error::Engine;
+use super::open::{builder, open_error};
+use crate::store::{DEFAULT_CACHE_BYTES, contained};
 use crate::{Result, StoreError};
 
 /// How many leading bytes of the file are compared to tell whether a writer has opened it.

@@ -1,9 +1,10 @@
 //! The engine seam: the little a storage engine does for the store.
 //!
 //! Everything that gives the store its meaning (validation, encoding, digests, cutting blocks,
-//! crash repair, fork, verify) is the same on every engine. An engine stores three kinds of opaque
-//! values: session rows keyed by session, blocks keyed by `(session, first_seq)`, and the children
-//! index `(parent, child)`. It gives consistent read views of them ([`View`]), commits rounds of
+//! crash repair, fork, verify) is the same on every engine. Beside the store's `meta` (its magic,
+//! format version and id), an engine stores three kinds of opaque values: session rows keyed by
+//! session, blocks keyed by `(session, first_seq)`, and the children index `(parent, child)`. It
+//! gives consistent read views of them ([`View`]), commits rounds of
 //! writes ([`Engine::commit`]), each session's write conditional on where its log ends, and reads
 //! back a round whose commit is in doubt ([`Engine::resolve`]). So every engine holds
 //! byte-identical blocks with the same digests. How the hosts sharing a store keep out of each

@@ -16,7 +16,7 @@ mod plan;
 mod report;
 mod writer;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -78,13 +78,18 @@ fn main() -> ExitCode {
         }
     };
     print!("{}", summary(&config, &totals, started.elapsed()));
-    if totals.failures.is_empty() {
+    conclude(totals.failures.is_empty(), &config.dir, temporary)
+}
+
+/// A run's exit: success removes a temporary work directory; a failure keeps it and says where.
+fn conclude(ok: bool, dir: &Path, temporary: bool) -> ExitCode {
+    if ok {
         if temporary {
-            let _ = std::fs::remove_dir_all(&config.dir);
+            let _ = std::fs::remove_dir_all(dir);
         }
         ExitCode::SUCCESS
     } else {
-        println!("the work directory is kept: {}", config.dir.display());
+        println!("the work directory is kept: {}", dir.display());
         ExitCode::from(1)
     }
 }
@@ -107,15 +112,7 @@ fn run_faults(args: &[String]) -> ExitCode {
         }
     };
     print!("{}", faults::summary(&config, &totals, started.elapsed()));
-    if totals.ok() {
-        if temporary {
-            let _ = std::fs::remove_dir_all(&config.dir);
-        }
-        ExitCode::SUCCESS
-    } else {
-        println!("the work directory is kept: {}", config.dir.display());
-        ExitCode::from(1)
-    }
+    conclude(totals.ok(), &config.dir, temporary)
 }
 
 fn parse_faults(args: &[String]) -> Result<(faults::Config, bool), String> {

@@ -23,7 +23,7 @@ use lineage_log::{Chain, SessionId};
 use crate::engine::redb::upgrade::upgrade_file;
 use crate::fill::lay_out_log;
 use crate::layout::{Block, BlockFormat};
-use crate::store::{STORE_FORMAT_VERSION, Store, guard};
+use crate::store::{Store, guard};
 use crate::{Result, StoreError, StoreOptions};
 
 /// What [`Store::upgrade`] did.
@@ -31,7 +31,7 @@ use crate::{Result, StoreError, StoreOptions};
 pub struct Upgraded {
     /// The store's format version before.
     pub from: u32,
-    /// Its format version now: [`STORE_FORMAT_VERSION`].
+    /// Its format version now: [`crate::STORE_FORMAT_VERSION`].
     pub to: u32,
     /// The sessions rewritten (0 when the store was already in this format).
     pub sessions: usize,
@@ -41,7 +41,7 @@ pub struct Upgraded {
 
 impl Store {
     /// Rewrites the store at `path`, written by an earlier build, in this build's format
-    /// ([`STORE_FORMAT_VERSION`]), keeping every session's log, digests, revision and lineage, and
+    /// ([`crate::STORE_FORMAT_VERSION`]), keeping every session's log, digests, revision and lineage, and
     /// the store's id. Crash-safe: a process killed at any moment leaves the old store or the new
     /// one at `path`, never neither. A store already in this format is left alone.
     ///
@@ -66,7 +66,7 @@ fn upgrade_database(url: &str) -> Result<Upgraded> {
     let done = crate::engine::postgres::upgrade(url, relayout)?;
     Ok(Upgraded {
         from: done.from,
-        to: STORE_FORMAT_VERSION,
+        to: crate::STORE_FORMAT_VERSION,
         sessions: done.sessions,
         events: done.events,
     })

@@ -128,17 +128,23 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
         .map_err(|e| format!("cannot create {}: {e}", config.dir.display()))?;
     let mut totals = Totals::default();
     let mut runs = 0usize;
+    // One run: its outcome tallied, its operation counts returned.
+    let mut run = |plan: Option<FaultPlan>,
+                   shape: &Shape,
+                   totals: &mut Totals,
+                   progress: &mut dyn FnMut(&str)| {
+        let outcome = supervised(plan, shape, &config.dir, &mut runs)?;
+        let counts = outcome.counts;
+        tally(totals, plan, shape, outcome, config, &mut &mut *progress);
+        Ok::<_, String>(counts)
+    };
     if let Some(plan) = config.only {
-        let shape = Shape::of(plan.shape);
-        let outcome = supervised(Some(plan), &shape, &config.dir, &mut runs)?;
-        tally(
-            &mut totals,
+        run(
             Some(plan),
-            &shape,
-            outcome,
-            config,
+            &Shape::of(plan.shape),
+            &mut totals,
             &mut progress,
-        );
+        )?;
         return Ok(totals);
     }
     let sweep: Sweep = if config.quick { QUICK } else { FULL };
@@ -146,9 +152,7 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
     for round in 1..=sweep.shapes {
         let shape = Shape::of(master.next_u64());
         // The fault-free run: what a plan's n counts among, and a check of its own.
-        let counted = supervised(None, &shape, &config.dir, &mut runs)?;
-        let counts = counted.counts;
-        tally(&mut totals, None, &shape, counted, config, &mut progress);
+        let counts = run(None, &shape, &mut totals, &mut progress)?;
         for kind in Kind::ALL {
             *totals.counted.entry(kind).or_default() += kind.count(&counts);
         }
@@ -169,15 +173,7 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> Result<Totals, St
             plans.len()
         ));
         for plan in plans {
-            let outcome = supervised(Some(plan), &shape, &config.dir, &mut runs)?;
-            tally(
-                &mut totals,
-                Some(plan),
-                &shape,
-                outcome,
-                config,
-                &mut progress,
-            );
+            run(Some(plan), &shape, &mut totals, &mut progress)?;
         }
     }
     Ok(totals)

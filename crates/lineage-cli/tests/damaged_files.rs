@@ -44,8 +44,14 @@ struct Run {
 }
 
 fn run(args: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(args)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lineage"));
+    command.args(args);
+    collect(args, command)
+}
+
+/// Runs `command` (the `lineage` binary given `args`, however it is started) to its end.
+fn collect(args: &[&str], mut command: Command) -> Run {
+    let output = command
         .stdin(Stdio::null())
         .output()
         .expect("the binary runs");
@@ -261,20 +267,13 @@ const ADDRESS_SPACE_KIB: u64 = 1 << 20;
 /// `lineage args…` in a shell that first limits its address space.
 fn run_limited(args: &[&str]) -> Run {
     let script = format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\"");
-    let output = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(script)
         .arg(env!("CARGO_BIN_EXE_lineage"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("sh runs");
-    Run {
-        args: args.iter().map(|a| (*a).to_owned()).collect(),
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .args(args);
+    collect(args, command)
 }
 
 /// A block of the large session replaced by one whose compressed body records `raw_len` bytes

@@ -56,23 +56,18 @@ fn outside_its_wing(krate: &str, wing: &str) -> Vec<String> {
 }
 
 #[test]
-fn only_the_redb_wing_names_redb() {
-    let found = outside_its_wing("redb", "engine/redb");
-    assert!(
-        found.is_empty(),
-        "redb named outside src/engine/redb:\n{}",
-        found.join("\n")
-    );
-}
-
-#[test]
-fn only_the_postgres_wing_names_tokio_postgres() {
-    let found = outside_its_wing("tokio_postgres", "engine/postgres");
-    assert!(
-        found.is_empty(),
-        "tokio_postgres named outside src/engine/postgres:\n{}",
-        found.join("\n")
-    );
+fn each_engine_crate_is_named_only_in_its_wing() {
+    for (krate, wing) in [
+        ("redb", "engine/redb"),
+        ("tokio_postgres", "engine/postgres"),
+    ] {
+        let found = outside_its_wing(krate, wing);
+        assert!(
+            found.is_empty(),
+            "{krate} named outside src/{wing}:\n{}",
+            found.join("\n")
+        );
+    }
 }
 
 #[test]

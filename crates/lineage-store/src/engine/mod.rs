@@ -391,10 +391,8 @@ pub(crate) trait Removal {
     /// store's to delete.
     fn held_elsewhere(
         &mut self,
-        _session: SessionId,
-    ) -> std::result::Result<Option<LeaseState>, EngineError> {
-        Ok(None)
-    }
+        session: SessionId,
+    ) -> std::result::Result<Option<LeaseState>, EngineError>;
 }
 
 /// The record count a block value's header states (0 for a header too short to say).

@@ -968,15 +968,13 @@ impl Drop for Held {
     }
 }
 
+/// A query on a connection, run on the engine's runtime.
+type RowsFuture = std::pin::Pin<
+    Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send>,
+>;
+
 impl Held {
-    fn query(
-        &self,
-        work: impl FnOnce(
-            Arc<Conn>,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send>,
-        >,
-    ) -> Result<Vec<Row>> {
+    fn query(&self, work: impl FnOnce(Arc<Conn>) -> RowsFuture) -> Result<Vec<Row>> {
         let future = work(self.conn.clone());
         let begin = !self.begun.swap(true, Ordering::AcqRel);
         let conn = self.conn.clone();
@@ -1166,11 +1164,7 @@ struct PgRemoval<'a> {
 impl PgRemoval<'_> {
     fn rows(
         &self,
-        work: impl FnOnce(
-            Arc<Conn>,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send>,
-        >,
+        work: impl FnOnce(Arc<Conn>) -> RowsFuture,
     ) -> std::result::Result<Vec<Row>, EngineError> {
         self.shared
             .runtime

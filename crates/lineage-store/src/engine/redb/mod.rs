@@ -407,6 +407,14 @@ impl Removal for RedbRemoval<'_> {
     fn remove(&mut self, session: SessionId) -> std::result::Result<Removed, EngineError> {
         remove_session(self.txn, session).map_err(engine_error)
     }
+
+    /// One writer process holds every session of the file ([`OneWriter`]).
+    fn held_elsewhere(
+        &mut self,
+        _session: SessionId,
+    ) -> std::result::Result<Option<LeaseState>, EngineError> {
+        Ok(None)
+    }
 }
 
 /// Removes one session's row, blocks and index entries, counting what its blocks held.

@@ -9,7 +9,8 @@
 # it has grown on this machine (fuzz/corpus/<target>, not committed). A crash, a hang (no answer
 # within 30 s) or running out of memory (8 GiB, see fuzz/README.md) fails the step after every target has run; the input is
 # saved under fuzz/artifacts/<target>/ and printed here, gzipped and in base64, so it outlives the
-# machine. Reads nothing from stdin.
+# machine, and the summary repeats why (a hang names the store call it hung in). Reads nothing from
+# stdin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,8 +80,14 @@ for target in "${targets[@]}"; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     cov=$({ grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" || true; } | tail -n 1)
     new=$(find "$artifacts" -type f -newer "$marker" | sort)
+    # Why it failed, in the summary too: a long input printed below can push the rest of the log
+    # out of a truncated view (the watchdog's hang report names the store call that hung).
+    why=$({ grep -E '^lineage-fuzz: |panicked at|^==[0-9]+== ERROR' "$log" || true; } | tail -n 4)
     rm -f "$log" "$marker"
     summary+=("${target}: ${runs:-?} runs in $((SECONDS - started)) s, ${cov:-no coverage line}, exit ${status}")
+    if [ "$status" -ne 0 ] && [ -n "$why" ]; then
+        summary+=("$(sed 's/^/    /' <<<"$why")")
+    fi
     if [ "$status" -ne 0 ]; then
         failed+=("$target")
         if [ -z "$new" ]; then

@@ -10,6 +10,10 @@
 //! - JSON output of a command that exited 0 parses, and `ls --json` lists the sessions
 //!   `Store::open_read_only` lists;
 //! - nothing is written: the file keeps its bytes and no other file appears beside it.
+//!
+//! An input whose commands have spent their time (`lineage_fuzz::watchdog::spent`: a damaged page
+//! reference costs about a second a read) has its remaining sessions left unshown; the file is
+//! still checked for writes.
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -17,6 +21,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use lineage_fuzz::panics::{contain_engine_panics, contained, store_call, store_drop};
+use lineage_fuzz::watchdog;
 use lineage_store::Store;
 
 /// Sessions past this many are listed but not shown one by one, so one execution stays short.
@@ -87,6 +92,7 @@ fuzz_target!(init: contain_engine_panics(), |data: &[u8]| {
     let file = dir.join("store.lineage");
     std::fs::write(&file, data).expect("the store file is written");
     let path = file.to_str().expect("a UTF-8 temporary path");
+    watchdog::begin_input();
 
     let listed = match store_call("open_read_only", || Store::open_read_only(&file)) {
         Ok(store) => {
@@ -117,6 +123,9 @@ fuzz_target!(init: contain_engine_panics(), |data: &[u8]| {
     json_ok(&["stats", path, "--json"]);
 
     for info in listed.iter().flatten().take(SESSIONS_SHOWN) {
+        if watchdog::spent() {
+            break;
+        }
         let id = info.header.id.to_string();
         let id = id.as_str();
         for args in [

@@ -12,11 +12,16 @@
 //!   poisoned makes it refuse the handle);
 //!   when every session passes, `stats` reads and counts their events;
 //! - writing a new session afterwards returns (an error is allowed, a panic or a hang is not).
+//!
+//! An input whose store calls have spent their time (`lineage_fuzz::watchdog::spent`: a damaged
+//! page reference costs about a second a read) has its remaining sessions left unexplored; the new
+//! session is still written and the store still dropped.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use lineage_fuzz::backend::SharedMemory;
 use lineage_fuzz::panics::{contain_engine_panics, engine_panics, store_call, store_drop};
+use lineage_fuzz::watchdog;
 use lineage_log::{
     Event, Header, SessionId, StepEnd, StepStart, TurnEnd, TurnEndReason, TurnStart,
     interrupted_turn_closers, is_balanced,
@@ -24,6 +29,7 @@ use lineage_log::{
 use lineage_store::{Store, StoreError, StoreOptions};
 
 fuzz_target!(init: contain_engine_panics(), |data: &[u8]| {
+    watchdog::begin_input();
     let Ok(memory) = SharedMemory::holding(data) else { return };
     let options = StoreOptions {
         commit_window: std::time::Duration::ZERO,
@@ -45,6 +51,9 @@ fn check(store: &Store) {
         return;
     };
     for info in &listed {
+        if watchdog::spent() {
+            break;
+        }
         let id = info.header.id;
         if let Ok(again) = store_call("info", || store.info(id)) {
             assert_eq!(&again, info, "info and list read the same row");
@@ -52,6 +61,9 @@ fn check(store: &Store) {
         let _ = store_call("session_bytes", || store.session_bytes(id));
         let _ = store_call("children", || store.children(id));
         let _ = store_call("descendants", || store.descendants(id));
+        if watchdog::spent() {
+            break;
+        }
         let inspected = store_call("inspect", || store.inspect(id));
         if let Ok(loaded) = &inspected {
             let stored = usize::try_from(info.len).expect("a length that was read");
@@ -104,6 +116,9 @@ fn check(store: &Store) {
         };
         assert_eq!(verdict.events, info.len, "verify read every stored event");
         assert_eq!(verdict.open_turn.is_some(), inspected.closers > 0);
+        if watchdog::spent() {
+            break;
+        }
         let loaded = match store_call("load", || store.load(id)) {
             Ok(loaded) => loaded,
             // verify reads the session, not the file's free space: writing its closers may fail
@@ -118,6 +133,7 @@ fn check(store: &Store) {
         );
     }
     if let Ok(report) = &report
+        && !watchdog::spent()
         && report.is_ok()
         && report.sessions.len() == listed.len()
     {

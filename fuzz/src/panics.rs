@@ -130,7 +130,9 @@ fn within_store<R>(what: &str, f: impl FnOnce() -> R) -> (R, Vec<String>) {
     let outer = IN_STORE.with(|c| c.replace(true));
     assert!(!outer, "{what}: store calls do not nest");
     CONTAINED.with(|c| c.borrow_mut().clear());
+    crate::watchdog::begin(what);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(f));
+    crate::watchdog::end();
     IN_STORE.with(|c| c.set(false));
     let panics = CONTAINED.with(|c| std::mem::take(&mut *c.borrow_mut()));
     match outcome {

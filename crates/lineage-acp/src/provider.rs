@@ -13,10 +13,9 @@ use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
 use lineage_agent::{BoxFuture, Cancellation};
 use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::SubagentToolConfig;
 use lineage_subagent::{
-    ErrorCode, Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
-    bound_diagnostic, child_working_directory,
+    ErrorCode, OutOfProcess, OutOfProcessAgent, ResolvedStart, StopReason, SubagentError,
+    SubagentResult, SubagentRun, bound_diagnostic, child_working_directory,
 };
 use tokio::sync::oneshot;
 
@@ -103,42 +102,27 @@ impl AcpProviderConfig {
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and delegation depth is the agent's own
 /// business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`AcpProvider::tool_row`]).
-#[derive(Clone, Debug)]
-pub struct AcpProvider {
-    config: Arc<AcpProviderConfig>,
-}
+pub type AcpProvider = OutOfProcess<AcpProviderConfig>;
 
-impl AcpProvider {
-    /// A provider set up by `config`.
-    pub fn new(config: AcpProviderConfig) -> Self {
-        AcpProvider {
-            config: Arc::new(config),
-        }
+impl OutOfProcessAgent for AcpProviderConfig {
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    /// The delegation tool row for this provider: a one-shot tool named `tool_name`, the depth
-    /// left to the provider, described as an outside agent.
-    pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        let description = format!(
+    /// The agent as an outside one, named by the provider's name.
+    fn describe(&self) -> String {
+        format!(
             "Hands a self-contained task to `{}`, an agent that runs in a process of its own and \
              speaks the Agent Client Protocol. It cannot see this conversation, so the prompt \
              must say everything it needs to know. You get its final answer.",
-            self.config.name
-        );
-        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
-    }
-}
-
-impl Provider for AcpProvider {
-    fn name(&self) -> &str {
-        &self.config.name
+            self.name
+        )
     }
 
     fn start(
-        &self,
+        config: Arc<Self>,
         request: ResolvedStart,
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
-        let config = self.config.clone();
         // Read now: the parent as it was when the delegation was asked for.
         let cwd = child_working_directory(config.cwd.as_deref(), &request.request.parent)
             .map_err(|message| refusal(&config.name, message));

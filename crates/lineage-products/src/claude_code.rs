@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lineage_agent::BoxFuture;
-use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::SubagentToolConfig;
+use lineage_log::ContentBlock;
 use lineage_subagent::{
-    Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
-    bound_diagnostic,
+    OutOfProcess, OutOfProcessAgent, ResolvedStart, StopReason, SubagentError, SubagentResult,
+    SubagentRun, bound_diagnostic,
 };
 use serde_json::{Value, json};
 
-use crate::link::{Delegation, Link, ProcessConfig, Stage, result, text_of};
+use crate::link::{Connected, Delegation, Link, ProcessConfig, Stage, publish, result, text_of};
 
 /// How diagnostics name the product.
 const PRODUCT: &str = "Claude Code";
@@ -128,39 +127,25 @@ impl ClaudeCodeConfig {
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and how deep Claude Code delegates is its
 /// own business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`ClaudeCodeProvider::tool_row`]).
-#[derive(Clone, Debug)]
-pub struct ClaudeCodeProvider {
-    config: Arc<ClaudeCodeConfig>,
-}
+pub type ClaudeCodeProvider = OutOfProcess<ClaudeCodeConfig>;
 
-impl ClaudeCodeProvider {
-    /// A provider set up by `config`.
-    pub fn new(config: ClaudeCodeConfig) -> Self {
-        ClaudeCodeProvider {
-            config: Arc::new(config),
-        }
-    }
-
-    /// The delegation tool row for this provider: a one-shot tool named `tool_name` (upstream's
-    /// is `subagent_claude_code`), the depth left to Claude Code.
-    pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        let description = "Hands a self-contained coding task to Claude Code, which works in \
-            this agent's working directory with its own tools. It cannot see this conversation, \
-            so the prompt must say everything it needs to know. You get its final answer.";
-        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
-    }
-}
-
-impl Provider for ClaudeCodeProvider {
+impl OutOfProcessAgent for ClaudeCodeConfig {
     fn name(&self) -> &str {
-        &self.config.name
+        &self.name
+    }
+
+    /// Upstream's tool for it is `subagent_claude_code`.
+    fn describe(&self) -> String {
+        "Hands a self-contained coding task to Claude Code, which works in \
+            this agent's working directory with its own tools. It cannot see this conversation, \
+            so the prompt must say everything it needs to know. You get its final answer."
+            .to_owned()
     }
 
     fn start(
-        &self,
+        config: Arc<Self>,
         request: ResolvedStart,
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
-        let config = self.config.clone();
         let delegation = Delegation::read(PRODUCT, &config.name, &config.process, request);
         Box::pin(start(config, delegation))
     }
@@ -190,13 +175,6 @@ impl Connection {
             .await
             .map_err(|e| format!("cannot send the {subtype} control request: {e}"))?;
         Ok(id)
-    }
-
-    /// Best effort: interrupts the turn in flight, if any.
-    async fn interrupt(&self) {
-        if self.running.swap(false, Ordering::AcqRel) {
-            let _ = self.control("interrupt").await;
-        }
     }
 
     /// Answers a control request as nobody can be asked: permission asks are denied; `Err` for
@@ -244,6 +222,19 @@ impl Connection {
                 Some("control_request") => self.answer(&frame).await?,
                 _ => {}
             }
+        }
+    }
+}
+
+impl Connected for Connection {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Best effort: interrupts the turn in flight, if any.
+    async fn interrupt(&self) {
+        if self.running.swap(false, Ordering::AcqRel) {
+            let _ = self.control("interrupt").await;
         }
     }
 }
@@ -326,9 +317,6 @@ async fn start(
         .link
         .handshake(&config.process, &cancel, &stage, handshake)
         .await?;
-    let id = SessionId::new();
-    let group = connection.link.group().await;
-    tracing::debug!(provider = %config.name, run = %id, ?group, "Claude Code started");
     let run = {
         let connection = connection.clone();
         async move {
@@ -349,15 +337,7 @@ async fn start(
             })
         }
     };
-    let dispose = move || -> BoxFuture<'static, Result<(), SubagentError>> {
-        Box::pin(async move {
-            connection.interrupt().await;
-            let ladder = connection.link.shut_down(&config.process).await;
-            tracing::debug!(provider = %config.name, run = %id, ?ladder, "Claude Code gone");
-            Ok(())
-        })
-    };
-    Ok(SubagentRun::new(id, None, run, dispose))
+    Ok(publish(PRODUCT, &config.name, &config.process, connection, run).await)
 }
 
 #[cfg(test)]

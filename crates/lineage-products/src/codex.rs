@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lineage_agent::BoxFuture;
-use lineage_log::{ContentBlock, SessionId};
-use lineage_subagent::tools::SubagentToolConfig;
+use lineage_log::ContentBlock;
 use lineage_subagent::{
-    Provider, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
-    bound_diagnostic,
+    OutOfProcess, OutOfProcessAgent, ResolvedStart, StopReason, SubagentError, SubagentResult,
+    SubagentRun, bound_diagnostic,
 };
 use serde_json::{Value, json};
 
-use crate::link::{Delegation, Link, ProcessConfig, Stage, result, text_of};
+use crate::link::{Connected, Delegation, Link, ProcessConfig, Stage, publish, result, text_of};
 
 /// How diagnostics name the product.
 const PRODUCT: &str = "Codex";
@@ -114,39 +113,25 @@ impl CodexConfig {
 /// It supports no start-time option (a request for one is refused before a process starts),
 /// its children never see the parent's conversation, and how deep Codex delegates is its own
 /// business ([`MaxDepth::ProviderManaged`](lineage_subagent::tools::MaxDepth::ProviderManaged) in its tool row, [`CodexProvider::tool_row`]).
-#[derive(Clone, Debug)]
-pub struct CodexProvider {
-    config: Arc<CodexConfig>,
-}
+pub type CodexProvider = OutOfProcess<CodexConfig>;
 
-impl CodexProvider {
-    /// A provider set up by `config`.
-    pub fn new(config: CodexConfig) -> Self {
-        CodexProvider {
-            config: Arc::new(config),
-        }
-    }
-
-    /// The delegation tool row for this provider: a one-shot tool named `tool_name` (upstream's
-    /// is `subagent_codex`), the depth left to Codex.
-    pub fn tool_row(&self, tool_name: impl Into<String>) -> SubagentToolConfig {
-        let description = "Hands a self-contained coding task to Codex, which works in this \
-            agent's working directory with its own tools. It cannot see this conversation, so the \
-            prompt must say everything it needs to know. You get its final answer.";
-        SubagentToolConfig::out_of_process(&self.config.name, tool_name, description)
-    }
-}
-
-impl Provider for CodexProvider {
+impl OutOfProcessAgent for CodexConfig {
     fn name(&self) -> &str {
-        &self.config.name
+        &self.name
+    }
+
+    /// Upstream's tool for it is `subagent_codex`.
+    fn describe(&self) -> String {
+        "Hands a self-contained coding task to Codex, which works in this \
+            agent's working directory with its own tools. It cannot see this conversation, so the \
+            prompt must say everything it needs to know. You get its final answer."
+            .to_owned()
     }
 
     fn start(
-        &self,
+        config: Arc<Self>,
         request: ResolvedStart,
     ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
-        let config = self.config.clone();
         let delegation = Delegation::read(PRODUCT, &config.name, &config.process, request);
         Box::pin(start(config, delegation))
     }
@@ -232,21 +217,6 @@ impl Connection {
         let _ = self.link.send(&reply).await;
     }
 
-    /// Best effort: interrupts the turn in progress, if any.
-    async fn interrupt(&self) {
-        let thread = Self::lock(&self.thread_id).clone();
-        let turn = Self::lock(&self.turn_id).take();
-        if let (Some(thread), Some(turn)) = (thread, turn) {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let request = json!({
-                "id": id,
-                "method": "turn/interrupt",
-                "params": { "threadId": thread, "turnId": turn },
-            });
-            let _ = self.link.send(&request).await;
-        }
-    }
-
     /// The run: `turn/start` with the task, then frames until `turn/completed`.
     async fn run(&self, text: String, turn: &mut Turn) -> Result<(), String> {
         let thread = Self::lock(&self.thread_id).clone().unwrap_or_default();
@@ -267,6 +237,27 @@ impl Connection {
             Self::lock(&self.turn_id).take();
         }
         Ok(())
+    }
+}
+
+impl Connected for Connection {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Best effort: interrupts the turn in progress, if any.
+    async fn interrupt(&self) {
+        let thread = Self::lock(&self.thread_id).clone();
+        let turn = Self::lock(&self.turn_id).take();
+        if let (Some(thread), Some(turn)) = (thread, turn) {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let request = json!({
+                "id": id,
+                "method": "turn/interrupt",
+                "params": { "threadId": thread, "turnId": turn },
+            });
+            let _ = self.link.send(&request).await;
+        }
     }
 }
 
@@ -454,9 +445,6 @@ async fn start(
         .handshake(&config.process, &cancel, &stage, handshake)
         .await?;
     *Connection::lock(&connection.thread_id) = Some(thread);
-    let id = SessionId::new();
-    let group = connection.link.group().await;
-    tracing::debug!(provider = %config.name, run = %id, ?group, "Codex started");
     let run = {
         let connection = connection.clone();
         async move {
@@ -477,15 +465,7 @@ async fn start(
             })
         }
     };
-    let dispose = move || -> BoxFuture<'static, Result<(), SubagentError>> {
-        Box::pin(async move {
-            connection.interrupt().await;
-            let ladder = connection.link.shut_down(&config.process).await;
-            tracing::debug!(provider = %config.name, run = %id, ?ladder, "Codex gone");
-            Ok(())
-        })
-    };
-    Ok(SubagentRun::new(id, None, run, dispose))
+    Ok(publish(PRODUCT, &config.name, &config.process, connection, run).await)
 }
 
 #[cfg(test)]

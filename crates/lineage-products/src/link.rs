@@ -7,16 +7,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lineage_agent::Cancellation;
-
-use lineage_log::ContentBlock;
+use lineage_agent::{BoxFuture, Cancellation};
+use lineage_log::{ContentBlock, SessionId};
 use lineage_process::{
     AgentProcess, DEFAULT_PASSTHROUGH, FrameReader, Ladder, Launch, Malformed, SharedWriter,
     StderrTail, child_env, failure_report, write_frame,
 };
 use lineage_subagent::{
-    ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentResult, bound_diagnostic,
-    child_working_directory,
+    ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentResult, SubagentRun,
+    bound_diagnostic, child_working_directory,
 };
 use serde_json::Value;
 use tokio::process::ChildStdin;
@@ -274,6 +273,38 @@ impl Delegation {
             cancel: request.request.cancel,
         }
     }
+}
+
+/// A product's connection once its handshake is done: what its run and its disposal share.
+pub(crate) trait Connected: Send + Sync + 'static {
+    /// The process it talks to.
+    fn link(&self) -> &Link;
+    /// Stops the turn in flight, if there is one (best effort: the process may be gone).
+    fn interrupt(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Publishes a started run of `product` under a fresh id: `run` is its turn, and disposal
+/// interrupts a turn still running and tears the process group down (`process`'s ladder).
+pub(crate) async fn publish<C: Connected>(
+    product: &'static str,
+    provider: &str,
+    process: &ProcessConfig,
+    connection: Arc<C>,
+    run: impl Future<Output = Result<SubagentResult, SubagentError>> + Send + 'static,
+) -> SubagentRun {
+    let id = SessionId::new();
+    let group = connection.link().group().await;
+    tracing::debug!(provider, run = %id, ?group, "{product} started");
+    let (provider, process) = (provider.to_owned(), process.clone());
+    let dispose = move || -> BoxFuture<'static, Result<(), SubagentError>> {
+        Box::pin(async move {
+            connection.interrupt().await;
+            let ladder = connection.link().shut_down(&process).await;
+            tracing::debug!(provider, run = %id, ?ladder, "{product} gone");
+            Ok(())
+        })
+    };
+    SubagentRun::new(id, None, run, dispose)
 }
 
 /// A run's result.

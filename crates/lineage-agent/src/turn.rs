@@ -1,25 +1,26 @@
 //! The turn loop: turns, steps, the model stream and tool calls, and the closing events that
-//! keep the log balanced whatever stops a turn.
+//! keep the log balanced whatever stops a turn. It reaches its agent only through the
+//! [`Driver`] it is spawned with.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use lineage_log::{
-    AbortCause, AssistantChunk, AssistantMessage, CallId, ContentBlock, FinishReason, InboxTarget,
-    Message, MessageId, MessageSource, Role, StepEnd, StepNo, StepStart, StreamChunk, Text,
-    ToolCall, ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo, interrupted_turn_closers,
+    AbortCause, AssistantChunk, AssistantMessage, CallId, ContentBlock, FinishReason, Message,
+    MessageId, MessageSource, Role, StepEnd, StepNo, StepStart, StreamChunk, Text, ToolCall,
+    ToolResult, TurnEnd, TurnEndReason, TurnError, TurnNo, interrupted_turn_closers,
 };
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::agent::Claimed;
+use crate::agent::{Claimed, Driver, Opened};
 use crate::contain::{self, Contained};
 use crate::model::{ABORTED, Assembler, ModelStream, failure_finish};
 use crate::tool::{
     ABORTED_BEFORE_DISPATCH, INVALID_ARGUMENTS, TOOL_NOT_AVAILABLE, TOOL_PANICKED, parse_arguments,
 };
 use crate::{
-    Agent, AgentError, Cancellation, HOOK_FAILED, HOOK_PANICKED, ModelError, ModelRequest, PreStep,
+    AgentError, Cancellation, HOOK_FAILED, HOOK_PANICKED, ModelError, ModelRequest, PreStep,
     PreStepDecision, Tool, ToolContext, ToolOutput, Toolset,
 };
 
@@ -30,13 +31,6 @@ pub const PERSISTENCE: &str = "PERSISTENCE";
 /// The error code of a turn that panicked outside a model, a hook or a tool call (in host code the
 /// driver calls directly, such as a tool's `input_schema`).
 pub const TURN_PANICKED: &str = "TURN_PANICKED";
-
-/// A turn that has been opened (`turn/start` written, first input claimed) and must be run.
-pub(crate) struct Opened {
-    pub turn: TurnNo,
-    pub cancel: Cancellation,
-    pub claimed: Claimed,
-}
 
 /// Why a turn stops early.
 enum Stop {
@@ -77,12 +71,12 @@ enum StepOutcome {
 }
 
 /// Runs turns until the agent has nothing more to do, then leaves it idle.
-pub(crate) async fn drive(agent: Arc<Agent>, mut opened: Opened) {
+pub(crate) async fn drive(driver: Driver, mut opened: Opened) {
     loop {
-        let span = tracing::info_span!("turn", agent = %agent.id(), turn = opened.turn);
-        let reason = run_turn(&agent, opened).instrument(span).await;
+        let span = tracing::info_span!("turn", agent = %driver.agent().id(), turn = opened.turn);
+        let reason = run_turn(&driver, opened).instrument(span).await;
         let run_more = matches!(reason, TurnEndReason::Completed | TurnEndReason::MaxTokens);
-        match agent.after_turn(run_more) {
+        match driver.after_turn(run_more) {
             Some(next) => opened = next,
             None => return,
         }
@@ -90,7 +84,7 @@ pub(crate) async fn drive(agent: Arc<Agent>, mut opened: Opened) {
 }
 
 /// Runs one opened turn to its `turn/end`, which it always writes, then flushes.
-async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
+async fn run_turn(driver: &Driver, opened: Opened) -> TurnEndReason {
     let Opened {
         turn,
         cancel,
@@ -98,7 +92,10 @@ async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
     } = opened;
     // The driver calls host code outside the model and the hooks too (a tool's `available`,
     // `input_schema`, `guidance` or `parallel_safe`): a panic anywhere in the turn ends the turn.
-    let body = Contained::new(Box::pin(turn_body(agent, turn, &cancel, claimed)), "a turn");
+    let body = Contained::new(
+        Box::pin(turn_body(driver, turn, &cancel, claimed)),
+        "a turn",
+    );
     let reason = match body.await {
         Ok(Ok(reason)) => reason,
         Ok(Err(Stop::Aborted(cause))) => TurnEndReason::Aborted { cause },
@@ -108,20 +105,23 @@ async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
         }
         Err(panic) => {
             tracing::error!(%panic, "the turn panicked");
-            close_torn_step(agent);
+            close_torn_step(driver);
             TurnEndReason::Error(Box::new(turn_error(
                 TURN_PANICKED,
-                format!("agent {}: turn {turn} panicked: {panic}", agent.id()),
+                format!(
+                    "agent {}: turn {turn} panicked: {panic}",
+                    driver.agent().id()
+                ),
             )))
         }
     };
-    if let Err(error) = agent.append(TurnEnd {
+    if let Err(error) = driver.append(TurnEnd {
         turn,
         reason: reason.clone(),
     }) {
         tracing::warn!(%error, "could not close the turn");
     }
-    if let Err(error) = agent.flush().await {
+    if let Err(error) = driver.flush().await {
         tracing::warn!(%error, "could not flush at turn end");
     }
     reason
@@ -129,11 +129,11 @@ async fn run_turn(agent: &Arc<Agent>, opened: Opened) -> TurnEndReason {
 
 /// Closes what a panicking turn left open, as crash repair would: an error result for each call
 /// without one, then `step/end`. The `turn/end` is the caller's.
-fn close_torn_step(agent: &Agent) {
-    let mut closers = agent.with_events(interrupted_turn_closers);
+fn close_torn_step(driver: &Driver) {
+    let mut closers = driver.agent().with_events(interrupted_turn_closers);
     closers.pop();
     for closer in closers {
-        if let Err(error) = agent.append(closer.body) {
+        if let Err(error) = driver.append(closer.body) {
             tracing::warn!(%error, "could not close the step of a turn that panicked");
             return;
         }
@@ -141,7 +141,7 @@ fn close_torn_step(agent: &Agent) {
 }
 
 async fn turn_body(
-    agent: &Arc<Agent>,
+    driver: &Driver,
     turn: TurnNo,
     cancel: &Cancellation,
     claimed: Claimed,
@@ -154,12 +154,12 @@ async fn turn_body(
         check(cancel)?;
         let claimed = match first_input.take() {
             Some(claimed) => claimed,
-            None => agent.claim(InboxTarget::NextStep, turn),
+            None => driver.claim_step_input(turn),
         };
-        let messages = match pre_step(agent, turn, step + 1, &claimed, cancel).await {
+        let messages = match pre_step(driver, turn, step + 1, &claimed, cancel).await {
             Ok(PreStepDecision::Enter(messages)) => messages,
             Ok(PreStepDecision::Reject) => return Ok(TurnEndReason::Blocked),
-            Err(error) => return Err(hook_failed(agent, claimed, cancel, error)),
+            Err(error) => return Err(hook_failed(driver, claimed, cancel, error)),
         };
         check(cancel)?;
         if ends.is_some() && messages.is_empty() {
@@ -170,33 +170,33 @@ async fn turn_body(
         }
         // A model request is due: every budget in force must allow it. What the step claimed
         // goes back to the inbox, parked for when a budget allows more.
-        if let Some(reached) = agent.budget_reached() {
+        if let Some(reached) = driver.agent().budget_reached() {
             tracing::info!(code = reached.limit.code(), %reached, "budget reached");
-            if let Some(cause) = give_back(agent, claimed, cancel) {
+            if let Some(cause) = give_back(driver, claimed, cancel) {
                 return Err(Stop::Aborted(cause));
             }
             return Ok(TurnEndReason::Budget(Box::new(reached)));
         }
         step += 1;
-        agent.append(StepStart { turn, step })?;
+        driver.append(StepStart { turn, step })?;
         let span = tracing::info_span!("step", step);
         let outcome = async {
             for message in messages {
-                agent.append(message)?;
+                driver.append(message)?;
             }
-            run_step(agent, turn, step, cancel).await
+            run_step(driver, turn, step, cancel).await
         }
         .instrument(span)
         .await;
         // The step closes whatever happened inside it.
-        let closed = agent.append(StepEnd { turn, step });
+        let closed = driver.append(StepEnd { turn, step });
         let outcome = outcome?;
         closed?;
         if ends != Some(StepOutcome::MaxTokens) {
             ends = (outcome != StepOutcome::ToolsOwe).then_some(outcome);
         }
         check(cancel)?;
-        if ends.is_some() && !agent.has_step_input() {
+        if ends.is_some() && !driver.has_step_input() {
             break;
         }
     }
@@ -209,27 +209,27 @@ async fn turn_body(
 /// Asks the pre-step hook about a step's claimed input. A hook error or a panic (in the call or in
 /// its future) is the turn's error.
 async fn pre_step(
-    agent: &Arc<Agent>,
+    driver: &Driver,
     turn: TurnNo,
     step: StepNo,
     claimed: &Claimed,
     cancel: &Cancellation,
 ) -> Result<PreStepDecision, TurnError> {
     let input = PreStep {
-        agent: agent.clone(),
+        agent: driver.agent().clone(),
         turn,
         step,
         messages: claimed.messages(),
         cancel: cancel.clone(),
     };
-    let hooks = &agent.config().hooks;
+    let hooks = &driver.config().hooks;
     let decided = match contain::call(|| hooks.pre_step(input)) {
         Ok(future) => Contained::new(future, "a pre-step hook").await,
         Err(panic) => Err(panic),
     };
     let subject = format!(
         "agent {}: the pre-step hook of turn {turn} step {step}",
-        agent.id()
+        driver.agent().id()
     );
     match decided {
         Ok(Ok(decision)) => Ok(decision),
@@ -247,8 +247,8 @@ async fn pre_step(
 /// Ends a turn whose pre-step hook failed or panicked. The hook refused nothing, so the input
 /// claimed for the step goes back to the front of its lists, parked for the next wake; a turn
 /// cancelled meanwhile ends aborted instead and its claimed input is dropped, as for any cancel.
-fn hook_failed(agent: &Agent, claimed: Claimed, cancel: &Cancellation, error: TurnError) -> Stop {
-    match give_back(agent, claimed, cancel) {
+fn hook_failed(driver: &Driver, claimed: Claimed, cancel: &Cancellation, error: TurnError) -> Stop {
+    match give_back(driver, claimed, cancel) {
         Some(cause) => Stop::Aborted(cause),
         None => Stop::Failed(error),
     }
@@ -257,8 +257,8 @@ fn hook_failed(agent: &Agent, claimed: Claimed, cancel: &Cancellation, error: Tu
 /// Puts a step's claimed input back at the front of its lists, parked for the next wake. When
 /// the turn was cancelled meanwhile, the input is dropped as for any cancel, and the cause is
 /// returned: the turn ends aborted.
-fn give_back(agent: &Agent, claimed: Claimed, cancel: &Cancellation) -> Option<AbortCause> {
-    match agent.requeue(claimed, cancel) {
+fn give_back(driver: &Driver, claimed: Claimed, cancel: &Cancellation) -> Option<AbortCause> {
+    match driver.requeue(claimed, cancel) {
         Ok(true) => None,
         Ok(false) => cancel.cause(),
         Err(requeue) => {
@@ -270,13 +270,14 @@ fn give_back(agent: &Agent, claimed: Claimed, cancel: &Cancellation) -> Option<A
 
 /// One model request and the tool calls it asks for.
 async fn run_step(
-    agent: &Arc<Agent>,
+    driver: &Driver,
     turn: TurnNo,
     step: StepNo,
     cancel: &Cancellation,
 ) -> Result<StepOutcome, Stop> {
     // Everything so far is durable before the model is asked anything.
-    agent.flush().await?;
+    driver.flush().await?;
+    let agent = driver.agent();
     let tools = agent.toolset();
     let options = agent.options();
     let (Some(endpoint), Some(model)) = (options.endpoint.clone(), options.model.clone()) else {
@@ -288,7 +289,7 @@ async fn run_step(
             ),
         )));
     };
-    let config = agent.config();
+    let config = driver.config();
     let request = ModelRequest {
         session: agent.id(),
         turn,
@@ -302,7 +303,7 @@ async fn run_step(
             &config.context,
         ),
         tools: tools.schemas(),
-        messages: agent.history(),
+        messages: driver.history(),
         cancel: cancel.clone(),
     };
     let mut stream = ModelStream::start(&*config.model, request);
@@ -314,7 +315,7 @@ async fn run_step(
         let item = tokio::select! {
             biased;
             cause = cancel.cancelled() => {
-                return Err(interrupt(agent, turn, step, &assembler, cause));
+                return Err(interrupt(driver, turn, step, &assembler, cause));
             }
             item = stream.next() => item,
         };
@@ -329,14 +330,14 @@ async fn run_step(
         };
         let finished = matches!(chunk, StreamChunk::Finish { .. });
         assembler.push(&chunk);
-        agent.append(AssistantChunk { turn, step, chunk })?;
+        driver.append(AssistantChunk { turn, step, chunk })?;
         if finished {
             break;
         }
     }
     drop(stream);
     if let Some(cause) = cancel.cause() {
-        return Err(interrupt(agent, turn, step, &assembler, cause));
+        return Err(interrupt(driver, turn, step, &assembler, cause));
     }
     let finish = assembler.finish();
     match &finish {
@@ -362,7 +363,7 @@ async fn run_step(
         .tool_calls()
         .map(|(id, name, arguments)| (id.clone(), name.into(), arguments.into()))
         .collect();
-    agent.append(AssistantMessage {
+    driver.append(AssistantMessage {
         turn,
         step,
         message,
@@ -375,7 +376,7 @@ async fn run_step(
     if calls.is_empty() {
         return Ok(StepOutcome::Completed);
     }
-    let concluded = run_tool_calls(agent, &tools, turn, step, calls, cancel).await?;
+    let concluded = run_tool_calls(driver, &tools, turn, step, calls, cancel).await?;
     Ok(if concluded {
         StepOutcome::Completed
     } else {
@@ -386,7 +387,7 @@ async fn run_step(
 /// Writes what survives of a stream cut off by cancellation (its non-blank text and reasoning,
 /// marked interrupted) and returns the abort.
 fn interrupt(
-    agent: &Agent,
+    driver: &Driver,
     turn: TurnNo,
     step: StepNo,
     assembler: &Assembler,
@@ -394,7 +395,7 @@ fn interrupt(
 ) -> Stop {
     let content = assembler.interrupted_blocks();
     if !content.is_empty() {
-        let options = agent.options();
+        let options = driver.agent().options();
         let message = Message {
             id: MessageId::new(),
             role: Role::Assistant,
@@ -404,7 +405,7 @@ fn interrupt(
                 model: options.model.clone().unwrap_or_default(),
             },
         };
-        if let Err(error) = agent.append(AssistantMessage {
+        if let Err(error) = driver.append(AssistantMessage {
             turn,
             step,
             message,
@@ -481,14 +482,14 @@ impl Started {
 /// `ABORTED_BEFORE_DISPATCH` result (and its `tool/call` first), so the log stays paired. Returns whether
 /// a result concluded the turn.
 async fn run_tool_calls(
-    agent: &Arc<Agent>,
+    driver: &Driver,
     tools: &Toolset,
     turn: TurnNo,
     step: StepNo,
     calls: Vec<(CallId, Text, Text)>,
     cancel: &Cancellation,
 ) -> Result<bool, Stop> {
-    let limit = agent.config().max_parallel_tools.max(1);
+    let limit = driver.config().max_parallel_tools.max(1);
     let mut prepared: VecDeque<(CallId, Prepared)> = calls
         .iter()
         .map(|(id, name, raw)| (id.clone(), Prepared::of(tools, name, raw)))
@@ -511,13 +512,7 @@ async fn run_tool_calls(
             let (_, name, raw) = unstarted
                 .next()
                 .expect("calls and prepared advance together");
-            agent.append(ToolCall {
-                turn,
-                step,
-                call_id: call_id.clone(),
-                name,
-                arguments: raw,
-            })?;
+            append_call(driver, turn, step, &call_id, name, raw)?;
             let parallel = next.parallel();
             dispatch.push((call_id, next, parallel));
         }
@@ -526,7 +521,7 @@ async fn run_tool_calls(
             .any(|(_, p, _)| matches!(p, Prepared::Dispatch(..)))
         {
             // The calls are durable before anything they do can happen.
-            agent.flush().await?;
+            driver.flush().await?;
         }
         // A cancel that lands while the calls are flushed keeps their bodies from starting.
         let cancelled = cancel.is_cancelled();
@@ -536,7 +531,7 @@ async fn run_tool_calls(
                 Prepared::Dispatch(..) if cancelled => Started::Decided(not_dispatched()),
                 Prepared::Dispatch(tool, arguments) => {
                     let ctx = ToolContext {
-                        agent: agent.clone(),
+                        agent: driver.agent().clone(),
                         cancel: cancel.clone(),
                         call_id: call_id.clone(),
                         turn,
@@ -544,7 +539,7 @@ async fn run_tool_calls(
                     };
                     let span = tracing::info_span!("tool", name = tool.name(), call = %call_id);
                     let run = async move { tool.call(ctx, arguments).await };
-                    Started::Running(agent.runtime().spawn(run.instrument(span)))
+                    Started::Running(driver.runtime().spawn(run.instrument(span)))
                 }
             };
             in_flight.push_back((call_id, started, parallel));
@@ -554,19 +549,32 @@ async fn run_tool_calls(
         };
         let output = started.settle().await;
         concluded |= output.concludes_turn;
-        commit(agent, turn, step, call_id, output)?;
+        commit(driver, turn, step, call_id, output)?;
     }
     for (call_id, name, raw) in unstarted {
-        agent.append(ToolCall {
-            turn,
-            step,
-            call_id: call_id.clone(),
-            name,
-            arguments: raw,
-        })?;
-        commit(agent, turn, step, call_id, not_dispatched())?;
+        append_call(driver, turn, step, &call_id, name, raw)?;
+        commit(driver, turn, step, call_id, not_dispatched())?;
     }
     Ok(concluded)
+}
+
+/// Writes a call's `tool/call`.
+fn append_call(
+    driver: &Driver,
+    turn: TurnNo,
+    step: StepNo,
+    call_id: &CallId,
+    name: Text,
+    arguments: Text,
+) -> Result<(), Stop> {
+    driver.append(ToolCall {
+        turn,
+        step,
+        call_id: call_id.clone(),
+        name,
+        arguments,
+    })?;
+    Ok(())
 }
 
 /// The result of a call whose turn was cancelled before its body started.
@@ -580,7 +588,7 @@ fn not_dispatched() -> ToolOutput {
 
 /// Writes a call's `tool/result`, then queues its contexts for the next step.
 fn commit(
-    agent: &Agent,
+    driver: &Driver,
     turn: TurnNo,
     step: StepNo,
     call_id: CallId,
@@ -596,14 +604,14 @@ fn commit(
         }],
         source: MessageSource::Tool { call_id },
     };
-    agent.append(ToolResult {
+    driver.append(ToolResult {
         turn,
         step,
         message,
         error: output.error,
     })?;
     for context in output.contexts {
-        if let Err(error) = agent.push_step_input(context) {
+        if let Err(error) = driver.push_step_input(context) {
             tracing::warn!(%error, "a tool result's context could not be queued");
         }
     }

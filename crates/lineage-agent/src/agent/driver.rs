@@ -68,9 +68,10 @@ pub(crate) struct Opened {
 ///
 /// What the turn loop may rely on:
 /// - No method returns holding a lock of the agent: the loop may await anything between calls.
-/// - [`Driver::append`] is the only write. An event it refuses changes nothing (not the log,
-///   the store, the budgets nor what observers see); once the agent is fenced or released it
-///   refuses every event.
+/// - [`Driver::append`] is the only write. An event it refuses is in neither the log nor the
+///   store and is charged to no budget. A refusal because another host took the session over
+///   also fences the agent (its turn is cancelled); a fenced or released agent refuses every
+///   event.
 /// - [`Driver::flush`] makes everything appended so far durable. The loop owes a flush before
 ///   every model request, before tools run and at every turn end.
 /// - Input a claim returns belongs to the turn: it is in no list any more, and

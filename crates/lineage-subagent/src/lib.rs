@@ -50,11 +50,11 @@ pub use error::{CancelledBy, DepthExceeded, ErrorCode, SubagentError};
 pub use host::{Host, HostError, Outcome};
 pub use in_process::{ForkProvider, SpawnProvider};
 pub use jobs::{JobId, JobOutcome};
-pub use lifecycle::{Lifecycle, Listener, ListenerError, RunInfo};
+pub use lifecycle::{Lifecycle, Listener, ListenerError, ListenerId, RunInfo};
 pub use listing::{ChildRow, DiagnosticReason, DiagnosticRow, ListingRow};
 pub use oneshot::start_in_process;
 pub use out_of_process::{OutOfProcess, OutOfProcessAgent};
-pub use runtime::{ListenerId, SubagentRuntime};
+pub use runtime::SubagentRuntime;
 pub use setup::{ContinuableSetup, Installed, SetupId};
 pub use structured::{ALREADY_RECORDED, STRUCTURED_OUTPUT};
 

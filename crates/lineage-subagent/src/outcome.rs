@@ -3,7 +3,10 @@
 //! parent reads. One-shot results and continuable epochs both go through [`ending`], so the two
 //! kinds of children can never disagree about what a turn end means.
 
-use lineage_log::{ContentBlock, Event, EventBody, SessionId, TurnEndReason};
+use lineage_log::{
+    ContentBlock, Event, EventBody, Message, MessageId, MessageSource, Role, SessionId,
+    TurnEndReason,
+};
 
 use crate::StopReason;
 
@@ -213,6 +216,32 @@ pub(crate) fn bound_summary(summary: &str) -> String {
     let mut cut: String = summary.chars().take(SUMMARY_BOUND - 1).collect();
     cut.push('…');
     cut
+}
+
+/// The settlement notice `id` of `child` for its parent: `summary` as its first line, then
+/// the child's closing message `closing` (or that it left none).
+pub(crate) fn settlement_notice(
+    id: MessageId,
+    child: SessionId,
+    summary: String,
+    closing: &[ContentBlock],
+) -> Message {
+    let mut content = vec![ContentBlock::text(summary.clone())];
+    if closing.is_empty() {
+        content.push(ContentBlock::text("It left no closing message."));
+    } else {
+        content.push(ContentBlock::text("Its closing message:"));
+        content.extend(closing.iter().cloned());
+    }
+    Message {
+        id,
+        role: Role::User,
+        content,
+        source: MessageSource::SubagentSettled {
+            sender: child,
+            summary: bound_summary(&summary).into(),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! [`SubagentRuntime`]: the provider registry, the validated `start`, and lifecycle listeners.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use lineage_agent::{Agents, Cancellation};
@@ -9,7 +8,7 @@ use lineage_log::{DescriptorMode, RunId, SessionId, SubagentDescriptor};
 
 use crate::continuation::Continuation;
 use crate::jobs::{JobId, JobOutcome, Jobs};
-use crate::lifecycle::{self, Lifecycle, Listener, ListenerError, RunInfo};
+use crate::lifecycle::{Lifecycle, ListenerError, ListenerId, Listeners, RunInfo};
 use crate::setup::Setups;
 use crate::{
     Capability, ErrorCode, Provider, ResolvedStart, StartRequest, StopReason, SubagentError,
@@ -25,18 +24,13 @@ pub(crate) trait Mount: Send + Sync {
     fn check(&self, provider: &dyn Provider) -> Result<(), SubagentError>;
 }
 
-/// Identifies a lifecycle listener, to remove it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ListenerId(u64);
-
 struct Inner {
     agents: Agents,
-    continuation: Continuation,
+    continuation: Arc<Continuation>,
     setups: Setups,
     /// In registration order.
     providers: Mutex<Vec<Arc<dyn Provider>>>,
-    listeners: Mutex<Vec<(ListenerId, Listener)>>,
-    next_listener: AtomicU64,
+    listeners: Arc<Listeners>,
     mounts: Mutex<Vec<Weak<dyn Mount>>>,
     jobs: Jobs,
 }
@@ -56,30 +50,17 @@ impl std::fmt::Debug for SubagentRuntime {
     }
 }
 
-/// A runtime that does not keep it alive (a background task's).
-pub(crate) struct WeakRuntime(Weak<Inner>);
-
-impl WeakRuntime {
-    pub fn upgrade(&self) -> Option<SubagentRuntime> {
-        self.0.upgrade().map(|inner| SubagentRuntime { inner })
-    }
-}
-
 impl SubagentRuntime {
-    pub(crate) fn downgrade(&self) -> WeakRuntime {
-        WeakRuntime(Arc::downgrade(&self.inner))
-    }
-
     /// A runtime whose children live in `agents`, with no provider registered.
     pub fn new(agents: Agents) -> Self {
+        let listeners = Arc::new(Listeners::default());
         SubagentRuntime {
             inner: Arc::new(Inner {
-                continuation: Continuation::new(agents.clone()),
+                continuation: Arc::new(Continuation::new(agents.clone(), listeners.clone())),
                 agents,
                 setups: Setups::default(),
                 providers: Mutex::new(Vec::new()),
-                listeners: Mutex::new(Vec::new()),
-                next_listener: AtomicU64::new(0),
+                listeners,
                 mounts: Mutex::new(Vec::new()),
                 jobs: Jobs::default(),
             }),
@@ -91,7 +72,7 @@ impl SubagentRuntime {
         &self.inner.agents
     }
 
-    pub(crate) fn continuation(&self) -> &Continuation {
+    pub(crate) fn continuation(&self) -> &Arc<Continuation> {
         &self.inner.continuation
     }
 
@@ -160,25 +141,16 @@ impl SubagentRuntime {
         &self,
         listener: impl Fn(&Lifecycle) -> Result<(), ListenerError> + Send + Sync + 'static,
     ) -> ListenerId {
-        let id = ListenerId(self.inner.next_listener.fetch_add(1, Ordering::Relaxed));
-        lock(&self.inner.listeners).push((id, Arc::new(listener)));
-        id
+        self.inner.listeners.add(Arc::new(listener))
     }
 
     /// Removes a lifecycle listener. Returns whether it was there.
     pub fn remove_listener(&self, id: ListenerId) -> bool {
-        let mut listeners = lock(&self.inner.listeners);
-        let before = listeners.len();
-        listeners.retain(|(l, _)| *l != id);
-        listeners.len() != before
+        self.inner.listeners.remove(id)
     }
 
     pub(crate) fn emit(&self, event: &Lifecycle) {
-        let listeners: Vec<Listener> = lock(&self.inner.listeners)
-            .iter()
-            .map(|(_, l)| l.clone())
-            .collect();
-        lifecycle::emit(&listeners, event);
+        self.inner.listeners.emit(event);
     }
 
     pub(crate) fn add_mount(&self, mount: Weak<dyn Mount>) {

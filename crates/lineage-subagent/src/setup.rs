@@ -84,25 +84,37 @@ impl SubagentRuntime {
         }
     }
 
+    /// What the continuation manager installs in its children from this runtime.
+    pub(crate) fn installer(&self) -> Installer<'_> {
+        Installer(self)
+    }
+}
+
+/// A runtime's setup contributions and the hooks continuable requests gave, as the continuation
+/// manager installs them at each activation (a contribution installs for its runtime).
+#[derive(Clone, Copy)]
+pub(crate) struct Installer<'a>(&'a SubagentRuntime);
+
+impl Installer<'_> {
     /// Keeps the hooks a continuable request gave `child`, for every activation of it.
-    pub(crate) fn remember_request_hooks(&self, child: SessionId, hooks: Arc<dyn Hooks>) {
-        lock(&self.setups().request_hooks).insert(child, hooks);
+    pub(crate) fn remember_request_hooks(self, child: SessionId, hooks: Arc<dyn Hooks>) {
+        lock(&self.0.setups().request_hooks).insert(child, hooks);
     }
 
-    pub(crate) fn forget_request_hooks(&self, child: SessionId) {
-        lock(&self.setups().request_hooks).remove(&child);
+    pub(crate) fn forget_request_hooks(self, child: SessionId) {
+        lock(&self.0.setups().request_hooks).remove(&child);
     }
 
     /// Everything the registered contributions install in `child`, with the hooks its request
     /// gave it first.
-    pub(crate) fn install_setups(&self, child: SessionId) -> Installed {
+    pub(crate) fn install(self, child: SessionId) -> Installed {
         let registrations: Vec<(Arc<dyn ContinuableSetup>, Arc<AtomicBool>)> =
-            lock(&self.setups().registrations)
+            lock(&self.0.setups().registrations)
                 .iter()
                 .map(|r| (r.setup.clone(), r.revoked.clone()))
                 .collect();
         let mut installed = Installed::default();
-        let mut hooks: Vec<Arc<dyn Hooks>> = lock(&self.setups().request_hooks)
+        let mut hooks: Vec<Arc<dyn Hooks>> = lock(&self.0.setups().request_hooks)
             .get(&child)
             .cloned()
             .into_iter()
@@ -112,7 +124,7 @@ impl SubagentRuntime {
                 tools,
                 context,
                 hooks: contributed,
-            } = setup.install(self, child);
+            } = setup.install(self.0, child);
             hooks.extend(contributed.map(|hooks| -> Arc<dyn Hooks> {
                 Arc::new(RevocableHooks {
                     hooks,

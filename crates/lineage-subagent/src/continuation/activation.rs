@@ -1,17 +1,16 @@
 //! Activation and residency: starting a continuable child, making a child resident (created or
 //! resumed from its log) and rolling back one that could not be published.
 
-use std::future::Future;
-
 use lineage_agent::{AgentOptions, AgentSpec, Cancellation};
 use lineage_log::{DescriptorMode, Message, MessageSource, Role, RunId, SubagentDescriptor};
 
+use super::admission::live_lineage;
 use super::*;
 use crate::birth::{self, ChildPlan};
 use crate::lifecycle::Lifecycle;
 use crate::oneshot::cancelled_before_publication;
-use crate::setup::Installed;
-use crate::{ContinuableCreate, ContinuableRequest, ContinuableStarted};
+use crate::setup::{Installed, Installer};
+use crate::{ContinuableCreate, ContinuableRequest, ContinuableStarted, Provider};
 
 /// How an activation comes to be: the descriptor (provider name, persona, tool filter) and the
 /// options the agent runs with, and for a new child how it is born; without a birth the child
@@ -29,92 +28,23 @@ pub(super) struct Birth {
     policy: crate::DelegatedPolicy,
 }
 
-impl SubagentRuntime {
+impl Continuation {
     // ----- starting --------------------------------------------------------------------------------
 
-    /// Starts a continuable child of `request.parent` with the provider `provider` and gives it
-    /// its first prompt. Resolves as soon as the child's inbox has accepted the prompt (before
-    /// its turn starts), with the child's id and the prompt's id.
-    ///
-    /// Checked now, before anything awaits: admission (`DRAINING`), the parent is live
-    /// (`PARENT_UNAVAILABLE`), the id is free (`DUPLICATE_CHILD`), the depth
-    /// (`DEPTH_EXCEEDED`), the tool filter names something (`INVALID_REQUEST`), the provider is
-    /// registered (`NO_PROVIDER`) and can prepare continuable children
-    /// (`UNSUPPORTED_CAPABILITY`). The parent's policy and the fork point are captured now too.
-    /// Every failure before the prompt is accepted leaves no activation, no live child and no
-    /// ownership; the cancellation covers only that part.
-    ///
-    /// Cancel safety: the checks above run when this is called, not when the future is first
-    /// polled. Fire `request.cancel` to give up before the prompt is accepted; dropping the future
-    /// instead may leave a child created and resident without its prompt, which then settles at once
-    /// (`completed`, no notice: it was never announced).
-    pub fn start_continuable(
-        &self,
-        provider: &str,
-        request: ContinuableRequest,
-    ) -> impl Future<Output = Result<ContinuableStarted, SubagentError>> + Send + 'static {
-        let prepared = self.prepare_continuable(provider, &request);
-        let runtime = self.clone();
-        async move {
-            let (child, how) = prepared?;
-            let parent = request.parent.clone();
-            let _guard = tokio::select! {
-                guard = runtime.child_lock(child) => guard,
-                _ = request.cancel.cancelled() => {
-                    return Err(cancelled_before_publication(parent.id()));
-                }
-            };
-            if request.cancel.is_cancelled() {
-                return Err(cancelled_before_publication(parent.id()));
-            }
-            runtime.continuation().assert_admitting(&parent)?;
-            runtime.continuation().child_id_available(child)?;
-            if request.child.is_some() {
-                let store = runtime.agents().store().clone();
-                let stored = tokio::task::spawn_blocking(move || store.info(child).is_ok())
-                    .await
-                    .unwrap_or(true);
-                if stored {
-                    return Err(SubagentError::new(
-                        ErrorCode::DuplicateChild,
-                        format!("subagent {child} already exists"),
-                    ));
-                }
-            }
-            if let Some(hooks) = &request.hooks {
-                runtime.remember_request_hooks(child, hooks.clone());
-            }
-            let activation = match runtime.activate(&parent, child, how, &request.cancel).await {
-                Ok(activation) => activation,
-                Err(error) => {
-                    runtime.forget_request_hooks(child);
-                    return Err(error);
-                }
-            };
-            let prompt = Message {
-                id: MessageId::new(),
-                role: Role::User,
-                content: request.prompt,
-                source: MessageSource::User,
-            };
-            let message = runtime
-                .submit_to_new_activation(&activation, prompt, &parent, &request.cancel)
-                .await?;
-            Ok(ContinuableStarted { child, message })
-        }
-    }
-
-    /// The synchronous part of a continuable start.
+    /// The synchronous part of a continuable start (see [`crate::SubagentRuntime::start_continuable`]):
+    /// the checks in their order, then the provider's preparation. `provider` is the lookup of
+    /// the provider named `provider_name`, refused in its turn.
     pub(super) fn prepare_continuable(
         &self,
         provider_name: &str,
+        provider: Result<Arc<dyn Provider>, SubagentError>,
         request: &ContinuableRequest,
     ) -> Result<(SessionId, ActivationPlan), SubagentError> {
         let parent = &request.parent;
-        self.continuation().assert_admitting(parent)?;
-        birth::check_parent(self.agents(), parent)?;
+        self.assert_admitting(parent)?;
+        birth::check_parent(&self.agents, parent)?;
         let child = request.child.unwrap_or_default();
-        self.continuation().child_id_available(child)?;
+        self.child_id_available(child)?;
         let depth = birth::child_depth(parent, request.max_depth)?;
         birth::check_tool_filter(request.tool_filter.as_ref(), "a continuable child")?;
         let options = birth::child_options(parent.options(), &request.agent_options, depth);
@@ -127,7 +57,7 @@ impl SubagentRuntime {
             ..SubagentDescriptor::new(DescriptorMode::Continuable, provider_name)
         };
         let policy = birth::capture_policy(parent);
-        let provider = self.expect_provider(provider_name)?;
+        let provider = provider?;
         let Some(prepare) = provider.continuable() else {
             return Err(SubagentError::new(
                 ErrorCode::UnsupportedCapability,
@@ -154,21 +84,80 @@ impl SubagentRuntime {
         ))
     }
 
-    /// Makes `child` resident: creates or resumes its agent with the setup contributions
+    /// The asynchronous part of a continuable start: under the child's lock, the checks again,
+    /// then the child made resident with `installer`'s contributions and given its prompt.
+    pub(super) async fn start(
+        self: &Arc<Self>,
+        child: SessionId,
+        how: ActivationPlan,
+        request: ContinuableRequest,
+        installer: Installer<'_>,
+    ) -> Result<ContinuableStarted, SubagentError> {
+        let parent = request.parent.clone();
+        let _guard = tokio::select! {
+            guard = self.child_lock(child) => guard,
+            _ = request.cancel.cancelled() => {
+                return Err(cancelled_before_publication(parent.id()));
+            }
+        };
+        if request.cancel.is_cancelled() {
+            return Err(cancelled_before_publication(parent.id()));
+        }
+        self.assert_admitting(&parent)?;
+        self.child_id_available(child)?;
+        if request.child.is_some() {
+            let store = self.agents.store().clone();
+            let stored = tokio::task::spawn_blocking(move || store.info(child).is_ok())
+                .await
+                .unwrap_or(true);
+            if stored {
+                return Err(SubagentError::new(
+                    ErrorCode::DuplicateChild,
+                    format!("subagent {child} already exists"),
+                ));
+            }
+        }
+        if let Some(hooks) = &request.hooks {
+            installer.remember_request_hooks(child, hooks.clone());
+        }
+        let activation = match self
+            .activate(&parent, child, how, &request.cancel, installer)
+            .await
+        {
+            Ok(activation) => activation,
+            Err(error) => {
+                installer.forget_request_hooks(child);
+                return Err(error);
+            }
+        };
+        let prompt = Message {
+            id: MessageId::new(),
+            role: Role::User,
+            content: request.prompt,
+            source: MessageSource::User,
+        };
+        let message = self
+            .submit_to_new_activation(&activation, prompt, &parent, &request.cancel)
+            .await?;
+        Ok(ContinuableStarted { child, message })
+    }
+
+    /// Makes `child` resident: creates or resumes its agent with `installer`'s contributions
     /// installed, then, once nothing can refuse it any more, publishes the activation, takes the
     /// parent's ownership, emits `subagent/start` and starts watching for settlement.
     pub(super) async fn activate(
-        &self,
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
         child: SessionId,
         how: ActivationPlan,
         cancel: &Cancellation,
+        installer: Installer<'_>,
     ) -> Result<Arc<Activation>, SubagentError> {
-        self.continuation().assert_admitting(parent)?;
-        let lineage = self.continuation().live_lineage(parent);
+        self.assert_admitting(parent)?;
+        let lineage = live_lineage(&self.agents, parent);
         let (settled_tx, settled_rx) = watch::channel(false);
         let ticket = {
-            let mut st = lock(&self.continuation().state);
+            let mut st = lock(&self.state);
             let ticket = st.next_pending;
             st.next_pending += 1;
             st.pending.insert(
@@ -183,22 +172,10 @@ impl SubagentRuntime {
         // Untracked however this ends, the future dropped midway included, so a drain never
         // waits for an activation nobody is making any more.
         let _untrack = Untrack {
-            runtime: self,
+            manager: self,
             ticket,
             settled: settled_tx,
         };
-        self.activate_tracked(parent, child, how, lineage, cancel)
-            .await
-    }
-
-    pub(super) async fn activate_tracked(
-        &self,
-        parent: &Arc<Agent>,
-        child: SessionId,
-        how: ActivationPlan,
-        lineage: Vec<Arc<Agent>>,
-        cancel: &Cancellation,
-    ) -> Result<Arc<Activation>, SubagentError> {
         if cancel.is_cancelled() {
             return Err(cancelled_before_publication(parent.id()));
         }
@@ -206,7 +183,7 @@ impl SubagentRuntime {
             tools,
             context,
             hooks,
-        } = self.install_setups(child);
+        } = installer.install(child);
         let ActivationPlan {
             descriptor,
             options,
@@ -238,10 +215,10 @@ impl SubagentRuntime {
                     policy,
                     spec,
                 };
-                birth::create_child(self.agents(), parent, plan).await?
+                birth::create_child(&self.agents, parent, plan).await?
             }
             None => {
-                let agent = self.agents().resume(child, spec).await.map_err(|e| {
+                let agent = self.agents.resume(child, spec).await.map_err(|e| {
                     SubagentError::new(
                         ErrorCode::NotResumable,
                         format!("subagent {child} is unavailable"),
@@ -274,30 +251,33 @@ impl SubagentRuntime {
             st: Mutex::new(ActivationState::default()),
             poke: watch::Sender::new(0),
         });
-        self.continuation().publish(activation.clone());
+        self.publish(activation.clone());
         let published = if cancel.is_cancelled() {
             Err(cancelled_before_publication(parent.id()))
         } else {
-            self.continuation()
-                .assert_admitting(parent)
-                .and_then(|()| self.continuation().acquire_ownership(parent, child))
+            self.assert_admitting(parent)
+                .and_then(|()| self.acquire_ownership(parent, child))
         };
         if let Err(error) = published {
-            self.rollback_unpublished(&activation).await;
+            activation.rollback_unpublished(self).await;
             return Err(error);
         }
-        self.emit(&Lifecycle::Start(activation.run.clone()));
-        tokio::spawn(self.clone().watch_settlement(activation.clone()));
+        self.listeners
+            .emit(&Lifecycle::Start(activation.run.clone()));
+        tokio::spawn(activation.clone().watch_settlement(self.clone()));
         Ok(activation)
     }
+}
 
-    /// Undoes an activation that could not be published: no notice, no lifecycle edge.
-    pub(super) async fn rollback_unpublished(&self, activation: &Arc<Activation>) {
+impl Activation {
+    /// Undoes an activation of `manager` that could not be published: no notice, no lifecycle
+    /// edge.
+    async fn rollback_unpublished(self: &Arc<Self>, manager: &Continuation) {
         let (tx, rx) = watch::channel(Some(Ok(())));
-        lock(&activation.st).disposal = Some(rx);
-        activation.agent.dispose().await;
-        self.continuation().forget(activation);
-        self.continuation().release_ownership(activation.child());
+        lock(&self.st).disposal = Some(rx);
+        self.agent.dispose().await;
+        manager.forget(self);
+        manager.release_ownership(self.child());
         drop(tx);
     }
 }
@@ -305,16 +285,14 @@ impl SubagentRuntime {
 /// Ends the tracking of an activation being made: removes its pending entry and tells the
 /// drains waiting on it.
 struct Untrack<'a> {
-    runtime: &'a SubagentRuntime,
+    manager: &'a Continuation,
     ticket: u64,
     settled: watch::Sender<bool>,
 }
 
 impl Drop for Untrack<'_> {
     fn drop(&mut self) {
-        lock(&self.runtime.continuation().state)
-            .pending
-            .remove(&self.ticket);
+        lock(&self.manager.state).pending.remove(&self.ticket);
         self.settled.send_replace(true);
     }
 }

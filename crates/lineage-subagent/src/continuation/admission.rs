@@ -1,56 +1,54 @@
-//! Admission and authority: draining, closing scopes, the exact live parent, fresh ids.
+//! Admission and authority: draining, closing scopes, the exact live parent, fresh ids, and the
+//! child locks.
 
 use lineage_agent::{Diagnostic, DiagnosticKind};
 
 use super::*;
 
-impl Continuation {
-    /// Reports a failure of best-effort work about `agent` to the registry's watchers.
-    pub(super) fn diagnose(&self, agent: SessionId, kind: DiagnosticKind, reason: String) {
-        self.agents.report(Diagnostic {
-            agent,
-            kind,
-            reason,
-        });
+/// Who may be admitted: what `drain` and `drain_descendants` closed. Kept in
+/// `Continuation::state`.
+#[derive(Default)]
+pub(super) struct Admission {
+    /// Subtrees closed by `drain_descendants`: admission is refused below each root until that
+    /// exact root is no longer live.
+    closing: Vec<ClosingScope>,
+    /// Set by `drain`, never cleared.
+    draining: bool,
+}
+
+/// A subtree `drain_descendants` closed: its root, and the agents that were in it then.
+struct ClosingScope {
+    root: Arc<Agent>,
+    members: Vec<Arc<Agent>>,
+}
+
+impl Admission {
+    /// Closes admission for good.
+    pub(super) fn close_all(&mut self) {
+        self.draining = true;
     }
 
-    /// `agent`, then its parent, grandparent, ... as long as each is live (exact registry
-    /// entries), stopping at a repeated id.
-    pub(super) fn live_lineage(&self, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
-        let mut lineage = vec![agent.clone()];
-        let mut seen = HashSet::from([agent.id()]);
-        let mut next = agent.header().parent;
-        while let Some(id) = next {
-            if !seen.insert(id) {
-                break;
-            }
-            match self.agents.get(id) {
-                Some(ancestor) => {
-                    next = ancestor.header().parent;
-                    lineage.push(ancestor);
-                }
-                None => break,
-            }
-        }
-        lineage
+    /// Closes admission below `root` (and for `members`) until `root` is no longer live.
+    pub(super) fn close_below(&mut self, root: Arc<Agent>, members: Vec<Arc<Agent>>) {
+        self.closing.push(ClosingScope { root, members });
     }
 
-    /// Refuses work for `agent` while the runtime drains or `agent` is inside a closing scope.
-    pub(super) fn assert_admitting(&self, agent: &Arc<Agent>) -> Result<(), SubagentError> {
-        let mut st = lock(&self.state);
-        if st.draining {
+    /// Refuses work for `agent` (of `agents`) while the runtime drains or `agent` is inside a
+    /// closing scope.
+    fn check(&mut self, agents: &Agents, agent: &Arc<Agent>) -> Result<(), SubagentError> {
+        if self.draining {
             return Err(SubagentError::new(
                 ErrorCode::Draining,
                 "continuable subagents are draining; the operation was not admitted",
             ));
         }
         // A scope stays closed until its exact root is no longer live.
-        st.closing.retain(|scope| self.agents.is_live(&scope.root));
-        if st.closing.is_empty() {
+        self.closing.retain(|scope| agents.is_live(&scope.root));
+        if self.closing.is_empty() {
             return Ok(());
         }
-        let lineage = self.live_lineage(agent);
-        for scope in &st.closing {
+        let lineage = live_lineage(agents, agent);
+        for scope in &self.closing {
             let member = scope.members.iter().any(|m| Arc::ptr_eq(m, agent))
                 || lineage.iter().any(|a| Arc::ptr_eq(a, &scope.root));
             if member {
@@ -65,6 +63,39 @@ impl Continuation {
             }
         }
         Ok(())
+    }
+}
+
+/// `agent`, then its parent, grandparent, ... as long as each is live in `agents` (exact
+/// registry entries), stopping at a repeated id.
+pub(super) fn live_lineage(agents: &Agents, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
+    let mut lineage = vec![agent.clone()];
+    let mut seen = HashSet::from([agent.id()]);
+    let mut next = agent.header().parent;
+    while let Some(id) = next {
+        if !seen.insert(id) {
+            break;
+        }
+        match agents.get(id) {
+            Some(ancestor) => {
+                next = ancestor.header().parent;
+                lineage.push(ancestor);
+            }
+            None => break,
+        }
+    }
+    lineage
+}
+
+impl Continuation {
+    /// Reports a failure of best-effort work about `agent` to the registry's watchers.
+    pub(super) fn diagnose(&self, agent: SessionId, kind: DiagnosticKind, reason: String) {
+        diagnose(&self.agents, agent, kind, reason);
+    }
+
+    /// Refuses work for `agent` while the runtime drains or `agent` is inside a closing scope.
+    pub(super) fn assert_admitting(&self, agent: &Arc<Agent>) -> Result<(), SubagentError> {
+        lock(&self.state).admission.check(&self.agents, agent)
     }
 
     /// Refuses a delivery to `child` (whose durable parent is `parent_session`) unless `parent`
@@ -97,21 +128,25 @@ impl Continuation {
         }
         Ok(())
     }
-}
 
-impl SubagentRuntime {
     /// Takes `child`'s lock (see the lock order in the module's documentation), waiting for the
     /// operations on it that asked first.
-    pub(super) async fn child_lock(&self, child: SessionId) -> ChildGuard {
-        let mutex = lock(&self.continuation().locks)
-            .entry(child)
-            .or_default()
-            .clone();
+    pub(super) async fn child_lock(&self, child: SessionId) -> ChildGuard<'_> {
+        let mutex = lock(&self.locks).entry(child).or_default().clone();
         let guard = mutex.lock_owned().await;
         ChildGuard {
             guard: Some(guard),
             child,
-            runtime: self.clone(),
+            manager: self,
         }
     }
+}
+
+/// Reports a failure of best-effort work about `agent` to the watchers of `agents`.
+pub(super) fn diagnose(agents: &Agents, agent: SessionId, kind: DiagnosticKind, reason: String) {
+    agents.report(Diagnostic {
+        agent,
+        kind,
+        reason,
+    });
 }

@@ -1,4 +1,5 @@
-//! Delivery: follow-ups (cold resume included), interrupts and reports.
+//! Delivery: follow-ups (one route: resident here, kept by another host, or resumed cold),
+//! interrupts and reports.
 
 use lineage_agent::{AgentOptions, Cancellation, Queued};
 use lineage_log::{
@@ -11,15 +12,28 @@ use super::recovery::holds_message;
 use super::teardown::wait;
 use super::*;
 use crate::birth;
+use crate::setup::Installer;
 use crate::{Authority, CancelledBy, ReportDelivery};
 
-impl SubagentRuntime {
+/// Where a follow-up's recipient is, under its lock.
+enum Holder {
+    /// Resident here and accepting.
+    Here(Arc<Activation>),
+    /// Resident here, its teardown under way.
+    TearingDown(Disposal),
+    /// Kept by another host of a shared store: reached by mail.
+    Elsewhere,
+    /// Resident nowhere: resumed from its log.
+    Cold,
+}
+
+impl Continuation {
     // ----- submission --------------------------------------------------------------------------------
 
     /// Submits to a freshly resident child; if that fails, tears it down (it was never
     /// announced, so no notice is sent) and reports the failure.
     pub(super) async fn submit_to_new_activation(
-        &self,
+        self: &Arc<Self>,
         activation: &Arc<Activation>,
         message: Message,
         parent: &Arc<Agent>,
@@ -28,14 +42,14 @@ impl SubagentRuntime {
         match self.submit_admitted(activation, message, parent, cancel) {
             Ok(id) => Ok(id),
             Err(error) => {
-                let _ = wait(self.open_disposal(activation)).await;
+                let _ = wait(activation.open_disposal(self)).await;
                 Err(error)
             }
         }
     }
 
     /// The synchronous acceptance of a message by a resident child.
-    pub(super) fn submit_admitted(
+    fn submit_admitted(
         &self,
         activation: &Arc<Activation>,
         message: Message,
@@ -51,7 +65,7 @@ impl SubagentRuntime {
                 ),
             ));
         }
-        self.continuation().assert_admitting(parent)?;
+        self.assert_admitting(parent)?;
         if activation.is_closing() {
             return Err(SubagentError::new(
                 ErrorCode::ActivationClosing,
@@ -61,20 +75,14 @@ impl SubagentRuntime {
                 ),
             ));
         }
-        self.continuation().authorize_lineage(
-            parent,
-            activation.child(),
-            activation.agent.header().parent,
-        )?;
-        self.continuation()
-            .acquire_ownership(parent, activation.child())?;
+        self.authorize_lineage(parent, activation.child(), activation.agent.header().parent)?;
+        self.acquire_ownership(parent, activation.child())?;
         let id = message.id;
         // On a shared store, mail from another host may have reached the child already, through
         // a holder that stopped before it took the mail out: the child has it once.
-        let store = self.agents().store();
-        if !(store.is_shared() && holds_message(&activation.agent, id)) {
+        if !(self.agents.store().is_shared() && holds_message(&activation.agent, id)) {
             let agent = activation.agent.clone();
-            admit_waking(activation, id, || agent.followup(message))?;
+            activation.admit_waking(id, || agent.followup(message))?;
         }
         lock(&activation.st).announced = true;
         Ok(id)
@@ -88,33 +96,25 @@ impl SubagentRuntime {
         id: MessageId,
         send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
     ) -> Result<(), SubagentError> {
-        match self.continuation().activation(parent.id()) {
-            Some(owner) if Arc::ptr_eq(&owner.agent, parent) => admit_waking(&owner, id, send),
+        match self.activation(parent.id()) {
+            Some(owner) if Arc::ptr_eq(&owner.agent, parent) => owner.admit_waking(id, send),
             _ => send().map_err(|e| SubagentError::agent(parent.id(), e)),
         }
     }
 
     // ----- follow-ups and cold resume ----------------------------------------------------------------
 
-    /// Delivers `content` to `child` as its next turn, on behalf of its exact live parent
-    /// `parent`. A running child queues it in the same activation; a waiting one is woken in the
-    /// same activation; a child that is not resident is resumed from its log first. Resolves
-    /// once the child's inbox has accepted it; `cancel` covers only the work before that: when it
-    /// fires first, at any step of a cold resume included, the follow-up is refused
-    /// (`CANCELLED`) with the cancellation's cause ([`SubagentError::cancel_cause`]) and nothing
-    /// reaches the child.
-    ///
-    /// Cancel safety: to give up, fire `cancel` rather than drop the future. Dropping it before it
-    /// resolves may leave the message accepted (the child then runs it) or not; a cold resume already
-    /// under way then completes and leaves the child resident, to settle and be torn down as usual.
-    /// With `cancel`, the answer says which: `CANCELLED` means the child never got the message.
-    pub async fn followup(
-        &self,
+    /// [`crate::SubagentRuntime::followup`]: `content` delivered to `child` as its next turn, on
+    /// behalf of its exact live parent `parent`; a cold resume installs `installer`'s
+    /// contributions.
+    pub(super) async fn followup(
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
         child: SessionId,
         content: Vec<ContentBlock>,
         source: MessageSource,
         cancel: &Cancellation,
+        installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
         let message = Message {
             id: MessageId::new(),
@@ -123,12 +123,12 @@ impl SubagentRuntime {
             source,
         };
         let id = self
-            .followup_message(parent, child, message, cancel)
+            .followup_message(parent, child, message, cancel, installer)
             .await?;
         // On a shared store another host may take the child over at any moment: a follow-up it
         // accepted here is durable before it is reported accepted (mail is, by its deliverer).
-        if self.agents().store().is_shared()
-            && let Some(agent) = self.agents().get(child)
+        if self.agents.store().is_shared()
+            && let Some(agent) = self.agents.get(child)
         {
             agent
                 .flush()
@@ -138,84 +138,132 @@ impl SubagentRuntime {
         Ok(id)
     }
 
-    /// [`Self::followup`] of a message with its id: the child's log holds it once, whichever
-    /// way and however many times it is sent.
-    pub(super) async fn followup_message(
-        &self,
+    /// Where `child` is now; asked under its lock.
+    async fn locate(&self, child: SessionId) -> Holder {
+        let Some(activation) = self.activation(child) else {
+            return if self.mailbox.held_elsewhere(child).await {
+                Holder::Elsewhere
+            } else {
+                Holder::Cold
+            };
+        };
+        let disposal = lock(&activation.st).disposal.clone();
+        match disposal {
+            Some(disposal) => Holder::TearingDown(disposal),
+            None => Holder::Here(activation),
+        }
+    }
+
+    /// A follow-up of a message with its id: the child's log holds it once, whichever way and
+    /// however many times it is sent. Each round takes the child's lock and goes where
+    /// [`Self::locate`] finds the child; mail goes without the lock.
+    async fn followup_message(
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
         child: SessionId,
         message: Message,
         cancel: &Cancellation,
+        installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
-        self.continuation().assert_admitting(parent)?;
+        self.assert_admitting(parent)?;
         let not_accepted = || followup_cancelled(child, cancel);
         loop {
-            let by_mail = {
-                // The caller's cancellation ends the wait for the child's lock and for a
-                // teardown in progress: nothing has been accepted yet.
-                let _guard = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return Err(not_accepted()),
-                    guard = self.child_lock(child) => guard,
-                };
-                match self.continuation().activation(child) {
-                    None => {
-                        if !self.held_elsewhere(child).await {
-                            let resumed = self
-                                .cold_resume(parent, child, message.clone(), cancel)
-                                .await;
-                            // Unless another host resumed it first.
-                            if resumed.is_ok() || !self.held_elsewhere(child).await {
-                                return as_followup(resumed, child, cancel);
-                            }
-                        }
-                        // Kept by another host: the message goes by mail, without the child's
-                        // lock (the wait may end in a resume here, which takes it).
-                        true
-                    }
-                    Some(activation) => {
-                        let disposal = lock(&activation.st).disposal.clone();
-                        match disposal {
-                            // Lost the race with the final teardown: wait for it, then resume.
-                            Some(disposal) => {
-                                tokio::select! {
-                                    biased;
-                                    _ = cancel.cancelled() => return Err(not_accepted()),
-                                    _ = wait(disposal) => {}
-                                }
-                                false
-                            }
-                            None => {
-                                let submitted =
-                                    self.submit_admitted(&activation, message, parent, cancel);
-                                return as_followup(submitted, child, cancel);
-                            }
-                        }
-                    }
-                }
+            // The caller's cancellation ends the wait for the child's lock and for a teardown in
+            // progress: nothing has been accepted yet.
+            let guard = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(not_accepted()),
+                guard = self.child_lock(child) => guard,
             };
-            if by_mail {
-                return self.followup_by_mail(parent, child, message, cancel).await;
+            let by_mail = match self.locate(child).await {
+                Holder::Here(activation) => {
+                    let submitted = self.submit_admitted(&activation, message, parent, cancel);
+                    return as_followup(submitted, child, cancel);
+                }
+                // Lost the race with the final teardown: wait for it, then resume.
+                Holder::TearingDown(disposal) => {
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return Err(not_accepted()),
+                        _ = wait(disposal) => {}
+                    }
+                    false
+                }
+                Holder::Cold => {
+                    let resumed = self
+                        .cold_resume(parent, child, message.clone(), cancel, installer)
+                        .await;
+                    // Unless another host resumed it first.
+                    if resumed.is_ok() || !self.mailbox.held_elsewhere(child).await {
+                        return as_followup(resumed, child, cancel);
+                    }
+                    true
+                }
+                Holder::Elsewhere => true,
+            };
+            // Mail goes without the child's lock: its wait may end in a resume here, which takes
+            // it.
+            drop(guard);
+            if by_mail
+                && let Some(id) = self
+                    .followup_by_mail(parent, child, &message, cancel)
+                    .await?
+            {
+                return Ok(id);
             }
-            self.continuation().assert_admitting(parent)?;
+            self.assert_admitting(parent)?;
             if cancel.is_cancelled() {
                 return Err(not_accepted());
             }
         }
     }
 
+    /// The checks of a follow-up to `child` that is not resident here, against the durable
+    /// parent its stored header names: admission, then the exact live parent.
+    fn authorize_stored(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        stored_parent: Option<SessionId>,
+    ) -> Result<(), SubagentError> {
+        self.assert_admitting(parent)?;
+        self.authorize_lineage(parent, child, stored_parent)
+    }
+
+    /// A follow-up to a child another host keeps: checked here as a cold resume would check it,
+    /// then sent by mail. `None`: nobody holds the child any more and the mail was taken back,
+    /// for the follow-up to find the child again.
+    async fn followup_by_mail(
+        &self,
+        parent: &Arc<Agent>,
+        child: SessionId,
+        message: &Message,
+        cancel: &Cancellation,
+    ) -> Result<Option<MessageId>, SubagentError> {
+        let info = self
+            .mailbox
+            .info(child)
+            .await
+            .map_err(|reason| unavailable(child, reason))?;
+        self.authorize_stored(parent, child, info.header.parent)?;
+        self.mailbox
+            .followup(parent.id(), child, message, cancel)
+            .await
+    }
+
     /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
     /// the child's model endpoint, model, persona and tool filter come from its descriptor, its
     /// token limit, depth and policy from its own events.
-    pub(super) async fn cold_resume(
-        &self,
+    async fn cold_resume(
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
         child: SessionId,
         message: Message,
         cancel: &Cancellation,
+        installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
-        let store = self.agents().store().clone();
-        self.cold_resume_from(parent, child, message, cancel, move || {
+        let store = self.agents.store().clone();
+        self.cold_resume_from(parent, child, message, cancel, installer, move || {
             store.inspect(child).map_err(|e| e.to_string())
         })
         .await
@@ -224,12 +272,13 @@ impl SubagentRuntime {
     /// [`Self::cold_resume`] with the store inspection `inspect`, run on a blocking thread. The
     /// caller's cancellation is honoured before the inspection starts, while it runs (the
     /// resume does not wait for it) and once it returns.
-    pub(super) async fn cold_resume_from(
-        &self,
+    async fn cold_resume_from(
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
         child: SessionId,
         message: Message,
         cancel: &Cancellation,
+        installer: Installer<'_>,
         inspect: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
     ) -> Result<MessageId, SubagentError> {
         if cancel.is_cancelled() {
@@ -245,9 +294,7 @@ impl SubagentRuntime {
             return Err(followup_cancelled(child, cancel));
         }
         let loaded = inspected.map_err(|reason| unavailable(child, reason))?;
-        self.continuation().assert_admitting(parent)?;
-        self.continuation()
-            .authorize_lineage(parent, child, loaded.header.parent)?;
+        self.authorize_stored(parent, child, loaded.header.parent)?;
         let folded = fold_descriptor(&loaded.events);
         if let Some(d) = folded
             && let Err(problem) = lineage_log::check_descriptor(d)
@@ -289,6 +336,7 @@ impl SubagentRuntime {
                     birth: None,
                 },
                 cancel,
+                installer,
             )
             .await?;
         self.submit_to_new_activation(&activation, message, parent, cancel)
@@ -297,14 +345,14 @@ impl SubagentRuntime {
 
     // ----- interrupt and report ----------------------------------------------------------------------
 
-    /// Cancels the current turn of the resident child `target`, keeping its queued work parked
-    /// until the next waking send; its own children keep running. A target that is not resident
-    /// (unknown, one-shot, settled, being torn down) is an accepted no-op. Refused
-    /// (`UNAUTHORIZED`) for a stale or self-targeting ancestor (before the target is looked up),
-    /// and for a caller that is not the target's parent (user) or live ancestor (agent).
-    pub fn interrupt(&self, target: SessionId, authority: &Authority) -> Result<(), SubagentError> {
+    /// [`crate::SubagentRuntime::interrupt`].
+    pub(super) fn interrupt(
+        &self,
+        target: SessionId,
+        authority: &Authority,
+    ) -> Result<(), SubagentError> {
         if let Authority::Ancestor(agent) = authority {
-            if !self.agents().is_live(agent) {
+            if !self.agents.is_live(agent) {
                 return Err(unauthorized(format!(
                     "interrupting {target} requires the exact live ancestor agent"
                 )));
@@ -315,9 +363,9 @@ impl SubagentRuntime {
                 )));
             }
         }
-        let Some(activation) = self.continuation().activation(target) else {
+        let Some(activation) = self.activation(target) else {
             // Kept by another host: interrupted there, by mail.
-            self.interrupt_elsewhere(target, authority)?;
+            self.mailbox.interrupt_elsewhere(target, authority)?;
             return Ok(());
         };
         let cause = match authority {
@@ -348,10 +396,8 @@ impl SubagentRuntime {
             .map_err(|e| SubagentError::agent(target, e))
     }
 
-    /// Delivers `content` from the continuable child `child` (the exact live agent of a resident
-    /// activation) to its direct parent, marked as the child's report. Reporting never ends
-    /// the child's turn.
-    pub fn report(
+    /// [`crate::SubagentRuntime::report`].
+    pub(super) fn report(
         &self,
         child: &Arc<Agent>,
         content: Vec<ContentBlock>,
@@ -364,9 +410,8 @@ impl SubagentRuntime {
                 format!("the report of {} was cancelled", child.id()),
             ));
         }
-        self.continuation().assert_admitting(child)?;
+        self.assert_admitting(child)?;
         let activation = self
-            .continuation()
             .activation(child.id())
             .filter(|a| Arc::ptr_eq(&a.agent, child))
             .ok_or_else(|| {
@@ -394,7 +439,7 @@ impl SubagentRuntime {
             )
         };
         let parent_id = child.header().parent.ok_or_else(parent_unavailable)?;
-        let parent = self.agents().get(parent_id);
+        let parent = self.agents.get(parent_id);
         let mut blocks = vec![ContentBlock::text(format!(
             "Background subagent {} reports:",
             child.id()
@@ -409,7 +454,12 @@ impl SubagentRuntime {
         let id = message.id;
         let Some(parent) = parent else {
             // Kept by another host: reported there, by mail.
-            return if self.post_to_absent_parent(child.id(), parent_id, message, Some(delivery)) {
+            return if self.mailbox.post_to_absent_parent(
+                child.id(),
+                parent_id,
+                message,
+                Some(delivery),
+            ) {
                 Ok(id)
             } else {
                 Err(parent_unavailable())
@@ -438,20 +488,22 @@ pub(super) fn unavailable(child: SessionId, reason: impl std::fmt::Display) -> S
     )
 }
 
-/// Counts `id` as accepted waking work of `activation` before `send` runs, so the activation
-/// cannot be judged settled in between; undoes it if `send` fails.
-pub(super) fn admit_waking(
-    activation: &Arc<Activation>,
-    id: MessageId,
-    send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
-) -> Result<(), SubagentError> {
-    lock(&activation.st).accepted.insert(id);
-    if let Err(error) = send() {
-        lock(&activation.st).accepted.remove(&id);
-        return Err(SubagentError::agent(activation.agent.id(), error));
+impl Activation {
+    /// Counts `id` as accepted waking work before `send` runs, so the activation cannot be
+    /// judged settled in between; undoes it if `send` fails.
+    pub(super) fn admit_waking(
+        &self,
+        id: MessageId,
+        send: impl FnOnce() -> Result<(), lineage_agent::AgentError>,
+    ) -> Result<(), SubagentError> {
+        lock(&self.st).accepted.insert(id);
+        if let Err(error) = send() {
+            lock(&self.st).accepted.remove(&id);
+            return Err(SubagentError::agent(self.agent.id(), error));
+        }
+        self.poke();
+        Ok(())
     }
-    activation.poke();
-    Ok(())
 }
 
 /// The refusal of a follow-up to `child` that `cancel` stopped before the child accepted it,
@@ -493,6 +545,8 @@ mod cold_resume_tests {
     use lineage_agent::{AgentSpec, Agents, CreateAgent, ScriptedModel};
     use lineage_store::Store;
 
+    use crate::SubagentRuntime;
+
     use super::*;
 
     #[tokio::test]
@@ -519,7 +573,15 @@ mod cold_resume_tests {
                         },
                     };
                     runtime
-                        .cold_resume_from(&parent, child, message, &cancel, inspect)
+                        .continuation()
+                        .cold_resume_from(
+                            &parent,
+                            child,
+                            message,
+                            &cancel,
+                            runtime.installer(),
+                            inspect,
+                        )
                         .await
                 }
             };

@@ -6,7 +6,7 @@
 //! a report or a settlement notice becomes a piece of mail addressed to the recipient's session,
 //! after the sender's authority was checked here as for a local delivery.
 //!
-//! Every host with a shared store serves its mail ([`SubagentRuntime::serve_mail`]): it polls the
+//! Every host with a shared store serves its mail ([`crate::SubagentRuntime::serve_mail`]): it polls the
 //! mailbox for the agents it keeps live, claims each piece, delivers it as the local operation
 //! would, flushes the recipient's log, and only then takes the piece out. A piece whose message
 //! the recipient's log already holds (its holder stopped between the flush and the taking) is
@@ -22,14 +22,15 @@ use std::time::Duration;
 
 use lineage_agent::{AgentStatus, Cancellation, DiagnosticKind, Queued};
 use lineage_log::{AbortCause, Message, MessageId};
-use lineage_store::Mail;
+use lineage_store::{Mail, SessionInfo, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::delivery::{admit_waking, followup_cancelled, unavailable};
+use super::admission::diagnose;
+use super::delivery::{followup_cancelled, unavailable};
 use super::recovery::holds_message;
 use super::*;
-use crate::ReportDelivery;
+use crate::{Authority, ReportDelivery};
 
 /// How often a host looks for mail, and a waiting sender for its mail's fate.
 pub const MAIL_POLL: Duration = Duration::from_millis(50);
@@ -93,13 +94,27 @@ fn discard(recipient: &Agent, piece: &Mail, reason: &str) -> Result<(), lineage_
         .map(drop)
 }
 
-impl SubagentRuntime {
+/// The shared store's mailbox, as the agents of one registry send and serve it. Clones share it.
+#[derive(Clone)]
+pub(super) struct Mailbox {
+    agents: Agents,
+}
+
+impl Mailbox {
+    pub(super) fn new(agents: Agents) -> Self {
+        Mailbox { agents }
+    }
+
+    fn store(&self) -> &Store {
+        self.agents.store()
+    }
+
     /// Runs a blocking store call off the runtime's threads.
     async fn on_store<T: Send + 'static>(
         &self,
-        call: impl FnOnce(&lineage_store::Store) -> lineage_store::Result<T> + Send + 'static,
+        call: impl FnOnce(&Store) -> lineage_store::Result<T> + Send + 'static,
     ) -> Result<T, String> {
-        let store = self.agents().store().clone();
+        let store = self.store().clone();
         match tokio::task::spawn_blocking(move || call(&store)).await {
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(join) => Err(join.to_string()),
@@ -108,12 +123,17 @@ impl SubagentRuntime {
 
     /// Whether another host keeps `session` (holds its live lease) on a shared store.
     pub(super) async fn held_elsewhere(&self, session: SessionId) -> bool {
-        if !self.agents().store().is_shared() {
+        if !self.store().is_shared() {
             return false;
         }
         self.on_store(move |store| store.held_elsewhere(session))
             .await
             .is_ok_and(|lease| lease.is_some())
+    }
+
+    /// What the store says of `session` (its header names its durable parent).
+    pub(super) async fn info(&self, session: SessionId) -> Result<SessionInfo, String> {
+        self.on_store(move |store| store.info(session)).await
     }
 
     /// Posts `post` for `recipient`; the mail's id is the message's (or a new one).
@@ -135,26 +155,21 @@ impl SubagentRuntime {
             .map(drop)
     }
 
-    /// A follow-up to a child another host keeps: checked here as a cold resume would check it,
-    /// then posted; resolves once a host took it into the child's inbox (see the module docs).
-    pub(super) async fn followup_by_mail(
+    /// Posts the follow-up `message` from `sender` to `child`, whom another host keeps (the
+    /// caller checked the follow-up), and waits for its fate (see the module docs): `Some` once
+    /// a host took it into the child's inbox, `None` once nobody holds the child and the mail
+    /// is taken back, for the sender to deliver it itself.
+    pub(super) async fn followup(
         &self,
-        parent: &Arc<Agent>,
+        sender: SessionId,
         child: SessionId,
-        message: Message,
+        message: &Message,
         cancel: &Cancellation,
-    ) -> Result<MessageId, SubagentError> {
+    ) -> Result<Option<MessageId>, SubagentError> {
         let unavailable = |reason: String| unavailable(child, reason);
-        let info = self
-            .on_store(move |store| store.info(child))
-            .await
-            .map_err(unavailable)?;
-        self.continuation().assert_admitting(parent)?;
-        self.continuation()
-            .authorize_lineage(parent, child, info.header.parent)?;
         let id = message.id;
         self.post(
-            parent.id(),
+            sender,
             child,
             id,
             &Post::Followup {
@@ -178,7 +193,7 @@ impl SubagentRuntime {
                 .any(|m| m.id == mail);
             if !waiting {
                 // A host took it into the child's inbox.
-                return Ok(id);
+                return Ok(Some(id));
             }
             if cancelled {
                 // Taken back unless a host has claimed it, which then delivers it.
@@ -189,7 +204,7 @@ impl SubagentRuntime {
                 return if withdrawn {
                     Err(followup_cancelled(child, cancel))
                 } else {
-                    Ok(id)
+                    Ok(Some(id))
                 };
             }
             if self.held_elsewhere(child).await {
@@ -201,10 +216,7 @@ impl SubagentRuntime {
                 .on_store(move |store| store.take_mail(&[mail]))
                 .await
                 .map_err(unavailable)?;
-            if took.is_empty() {
-                return Ok(id);
-            }
-            return Box::pin(self.followup_message(parent, child, message, cancel)).await;
+            return Ok(if took.is_empty() { Some(id) } else { None });
         }
     }
 
@@ -218,7 +230,7 @@ impl SubagentRuntime {
         message: Message,
         report: Option<ReportDelivery>,
     ) -> bool {
-        if !self.agents().store().is_shared() {
+        if !self.store().is_shared() {
             return false;
         }
         let id = message.id;
@@ -226,11 +238,12 @@ impl SubagentRuntime {
             Some(delivery) => Post::report(message, delivery),
             None => Post::Notice { message },
         };
-        let runtime = self.clone();
+        let mailbox = self.clone();
         // Posted from a task: the notice is sent from a teardown that must not wait for it.
         tokio::spawn(async move {
-            if let Err(error) = runtime.post(child, parent, id, &post).await {
-                runtime.continuation().diagnose(
+            if let Err(error) = mailbox.post(child, parent, id, &post).await {
+                diagnose(
+                    &mailbox.agents,
                     parent,
                     DiagnosticKind::NoticeUndelivered,
                     format!("the mail of subagent {child} to its parent was not posted: {error}"),
@@ -242,14 +255,14 @@ impl SubagentRuntime {
 
     /// Interrupts a child another host keeps, by mail, after checking `authority` against the
     /// stored lineage. Returns whether the child is kept elsewhere (and so was sent the mail).
-    /// Synchronous, as [`SubagentRuntime::interrupt`] is: its store calls are short reads and one
-    /// insert.
+    /// Synchronous, as [`crate::SubagentRuntime::interrupt`] is: its store calls are short reads
+    /// and one insert.
     pub(super) fn interrupt_elsewhere(
         &self,
         target: SessionId,
         authority: &Authority,
     ) -> Result<bool, SubagentError> {
-        let store = self.agents().store();
+        let store = self.store();
         if !store.is_shared() {
             return Ok(false);
         }
@@ -296,23 +309,23 @@ impl SubagentRuntime {
         Ok(true)
     }
 
-    /// Serves this host's mail until the runtime stops (see the module docs): every
+    /// Serves this host's mail for `manager` until it is gone (see the module docs): every
     /// [`MAIL_POLL`], the mail for the agents live here is delivered and taken out. Returns `None`
     /// on a store that is not shared (no other host sends mail), or outside a tokio runtime.
-    pub fn serve_mail(&self) -> Option<tokio::task::JoinHandle<()>> {
-        if !self.agents().store().is_shared() {
+    pub(super) fn serve(&self, manager: Weak<Continuation>) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.store().is_shared() {
             return None;
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let runtime = self.downgrade();
         Some(handle.spawn(async move {
             loop {
                 tokio::time::sleep(MAIL_POLL).await;
-                let Some(runtime) = runtime.upgrade() else {
+                let Some(manager) = manager.upgrade() else {
                     return;
                 };
                 // A pass that panics (in host code it calls) is reported; the next one runs.
-                let pass = tokio::spawn(async move { runtime.deliver_mail().await });
+                let pass =
+                    tokio::spawn(async move { manager.mailbox.deliver_mail(&manager).await });
                 if let Err(error) = pass.await {
                     tracing::error!(%error, "a pass over the mailbox failed; the next one runs");
                 }
@@ -320,10 +333,10 @@ impl SubagentRuntime {
         }))
     }
 
-    /// One look at the mailbox: each piece for an agent live here is delivered, made durable in
-    /// the recipient's log, then taken out.
-    async fn deliver_mail(&self) {
-        let live: Vec<SessionId> = self.agents().list().iter().map(|a| a.id()).collect();
+    /// One look at the mailbox: each piece for an agent live here is delivered through
+    /// `manager`, made durable in the recipient's log, then taken out.
+    async fn deliver_mail(&self, manager: &Continuation) {
+        let live: Vec<SessionId> = self.agents.list().iter().map(|a| a.id()).collect();
         if live.is_empty() {
             return;
         }
@@ -335,7 +348,7 @@ impl SubagentRuntime {
             }
         };
         for piece in mail {
-            let Some(recipient) = self.agents().get(piece.recipient) else {
+            let Some(recipient) = self.agents.get(piece.recipient) else {
                 continue;
             };
             // Claimed first, so a sender cannot take it back while it is being delivered.
@@ -349,7 +362,7 @@ impl SubagentRuntime {
                 }
             }
             let delivered = match Post::decode(&piece.body) {
-                Ok(post) => self.deliver(&recipient, post).await,
+                Ok(post) => deliver(manager, &recipient, post).await,
                 Err(reason) => Err(SubagentError::new(
                     ErrorCode::InvalidRequest,
                     format!("the mail is unreadable: {reason}"),
@@ -377,74 +390,77 @@ impl SubagentRuntime {
             }
         }
     }
+}
 
-    /// Delivers one piece of mail to `recipient`, live here. `Ok(false)`: not now.
-    async fn deliver(&self, recipient: &Arc<Agent>, post: Post) -> Result<bool, SubagentError> {
-        let id = recipient.id();
-        match post {
-            Post::Followup { message } => {
-                let _guard = self.child_lock(id).await;
-                let Some(activation) = self
-                    .continuation()
-                    .activation(id)
-                    .filter(|a| Arc::ptr_eq(&a.agent, recipient))
-                else {
-                    return Err(SubagentError::new(
-                        ErrorCode::NotResumable,
-                        format!("agent {id} is not a resident continuable subagent here"),
-                    ));
-                };
-                if activation.is_closing() {
-                    return Ok(false);
-                }
-                if !holds_message(recipient, message.id) {
-                    let agent = recipient.clone();
-                    admit_waking(&activation, message.id, || agent.followup(message))?;
-                }
-                lock(&activation.st).announced = true;
-                Ok(true)
+/// Delivers one piece of mail to `recipient`, live here, through `manager`. `Ok(false)`: not now.
+async fn deliver(
+    manager: &Continuation,
+    recipient: &Arc<Agent>,
+    post: Post,
+) -> Result<bool, SubagentError> {
+    let id = recipient.id();
+    match post {
+        Post::Followup { message } => {
+            let _guard = manager.child_lock(id).await;
+            let Some(activation) = manager
+                .activation(id)
+                .filter(|a| Arc::ptr_eq(&a.agent, recipient))
+            else {
+                return Err(SubagentError::new(
+                    ErrorCode::NotResumable,
+                    format!("agent {id} is not a resident continuable subagent here"),
+                ));
+            };
+            if activation.is_closing() {
+                return Ok(false);
             }
-            Post::Notice { message }
-            | Post::Report {
-                message,
-                quiet: false,
-            } => {
-                if !holds_message(recipient, message.id) {
-                    let agent = recipient.clone();
-                    self.send_waking(recipient, message.id, move || {
-                        if agent.status() == AgentStatus::Idle {
-                            agent.followup(message)
-                        } else {
-                            agent.steer(message)
-                        }
-                    })?;
-                }
-                Ok(true)
+            if !holds_message(recipient, message.id) {
+                let agent = recipient.clone();
+                activation.admit_waking(message.id, || agent.followup(message))?;
             }
-            Post::Report {
-                message,
-                quiet: true,
-            } => {
-                if !holds_message(recipient, message.id) {
-                    recipient
-                        .inject(message)
-                        .map_err(|e| SubagentError::agent(id, e))?;
-                }
-                Ok(true)
+            lock(&activation.st).announced = true;
+            Ok(true)
+        }
+        Post::Notice { message }
+        | Post::Report {
+            message,
+            quiet: false,
+        } => {
+            if !holds_message(recipient, message.id) {
+                let agent = recipient.clone();
+                manager.send_waking(recipient, message.id, move || {
+                    if agent.status() == AgentStatus::Idle {
+                        agent.followup(message)
+                    } else {
+                        agent.steer(message)
+                    }
+                })?;
             }
-            Post::Interrupt { cause, fence } => {
-                // Meant for the turn running when it was sent, in that tenure; a tenure since is
-                // not interrupted by it.
-                if let Some(activation) = self.continuation().activation(id)
-                    && !activation.is_closing()
-                    && recipient.lease_fence() == Some(fence)
-                {
-                    recipient
-                        .cancel(cause, Queued::Keep)
-                        .map_err(|e| SubagentError::agent(id, e))?;
-                }
-                Ok(true)
+            Ok(true)
+        }
+        Post::Report {
+            message,
+            quiet: true,
+        } => {
+            if !holds_message(recipient, message.id) {
+                recipient
+                    .inject(message)
+                    .map_err(|e| SubagentError::agent(id, e))?;
             }
+            Ok(true)
+        }
+        Post::Interrupt { cause, fence } => {
+            // Meant for the turn running when it was sent, in that tenure; a tenure since is
+            // not interrupted by it.
+            if let Some(activation) = manager.activation(id)
+                && !activation.is_closing()
+                && recipient.lease_fence() == Some(fence)
+            {
+                recipient
+                    .cancel(cause, Queued::Keep)
+                    .map_err(|e| SubagentError::agent(id, e))?;
+            }
+            Ok(true)
         }
     }
 }

@@ -1,17 +1,20 @@
 //! The continuation manager: continuable children that live on between turns of their parent.
 //!
 //! [`Continuation`] owns the manager's state: the resident activations, the activations being
-//! made resident, the closing scopes of drains, and one lock per child. Its operations are split
-//! by what they do:
+//! made resident, the admission state drains set, and one lock per child. It holds the handles
+//! its operations need of the runtime (the registry, the lifecycle listeners, the mailbox); what
+//! else an operation needs (the setup contributions, a provider) its caller passes. Each module
+//! is one concern, its operations on the type whose state they change:
 //!
 //! | module | operations |
 //! |---|---|
-//! | [`admission`] | who may do what: draining, closing scopes, the exact live parent, fresh ids |
-//! | [`activation`] | `start_continuable`, and making a child resident (created or resumed) or rolling it back |
-//! | [`delivery`] | follow-ups and cold resume, interrupts, reports |
-//! | [`teardown`] | the settlement watcher, teardown children first, the settlement notice |
+//! | [`entry`] | the runtime's public continuation methods, each delegating to the manager |
+//! | [`admission`] | who may do what ([`admission::Admission`]: draining, closing scopes), the exact live parent, fresh ids, the child locks |
+//! | [`activation`] | `start_continuable`, and making a child resident (created or resumed) or rolling it back ([`Activation`]) |
+//! | [`delivery`] | follow-ups (one route: resident here, kept by another host, or cold resume), interrupts, reports |
+//! | [`teardown`] | an [`Activation`]'s settlement watcher, its teardown children first, its settlement notice |
 //! | [`drain`] | `drain`, `drain_descendants`, `drain_children` |
-//! | [`mail`] | delivery to agents another host keeps, through a shared store's mailbox |
+//! | [`mail`] | the [`mail::Mailbox`]: delivery to agents another host keeps, through a shared store |
 //!
 //! # Residency
 //!
@@ -54,6 +57,7 @@ mod activation;
 mod admission;
 mod delivery;
 mod drain;
+mod entry;
 mod mail;
 mod recovery;
 mod request;
@@ -69,17 +73,23 @@ use tokio::sync::{OwnedMutexGuard, watch};
 pub use mail::{MAIL_DISCARDED_EVENT, MAIL_POLL};
 pub use request::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
 
-use crate::lifecycle::RunInfo;
-use crate::{ErrorCode, SubagentError, SubagentRuntime, lock};
+use crate::lifecycle::{Listeners, RunInfo};
+use crate::{ErrorCode, SubagentError, lock};
+use admission::Admission;
+use mail::Mailbox;
 
 /// A teardown's outcome, once it has one.
 type Disposal = watch::Receiver<Option<Result<(), SubagentError>>>;
 
-/// The continuation manager: its state, and the transitions that need nothing but that state and
-/// the registry. One per runtime.
+/// The continuation manager: its state and the handles its operations need. One per runtime,
+/// shared with the tasks it runs (settlement watchers, teardowns, posts).
 pub(crate) struct Continuation {
     /// The registry every parent and child lives in.
     agents: Agents,
+    /// The shared store's mailbox, for agents another host keeps.
+    mailbox: Mailbox,
+    /// The runtime's lifecycle listeners, told of every epoch's start and end.
+    listeners: Arc<Listeners>,
     state: Mutex<State>,
     /// One lock per child with operations in flight (removed when nobody holds or waits on it).
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
@@ -92,21 +102,12 @@ struct State {
     /// activation is resident or rolled back.
     pending: HashMap<u64, PendingActivation>,
     next_pending: u64,
-    /// Subtrees closed by `drain_descendants`: admission is refused below each root until that
-    /// exact root is no longer live.
-    closing: Vec<ClosingScope>,
-    /// Set by `drain`, never cleared.
-    draining: bool,
+    admission: Admission,
 }
 
 struct PendingActivation {
     lineage: Vec<Arc<Agent>>,
     settled: watch::Receiver<bool>,
-}
-
-struct ClosingScope {
-    root: Arc<Agent>,
-    members: Vec<Arc<Agent>>,
 }
 
 /// One residency epoch of a continuable child.
@@ -183,16 +184,16 @@ enum Residency {
 }
 
 /// Held while an operation on one child runs.
-struct ChildGuard {
+struct ChildGuard<'a> {
     guard: Option<OwnedMutexGuard<()>>,
     child: SessionId,
-    runtime: SubagentRuntime,
+    manager: &'a Continuation,
 }
 
-impl Drop for ChildGuard {
+impl Drop for ChildGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut locks = lock(&self.runtime.continuation().locks);
+        let mut locks = lock(&self.manager.locks);
         if locks
             .get(&self.child)
             .is_some_and(|m| Arc::strong_count(m) == 1)
@@ -211,10 +212,13 @@ fn teardown_failed(message: String) -> SubagentError {
 }
 
 impl Continuation {
-    /// A manager for the agents of `agents`, with nothing resident.
-    pub(crate) fn new(agents: Agents) -> Self {
+    /// A manager for the agents of `agents`, with nothing resident, telling `listeners` of its
+    /// epochs.
+    pub(crate) fn new(agents: Agents, listeners: Arc<Listeners>) -> Self {
         Continuation {
+            mailbox: Mailbox::new(agents.clone()),
             agents,
+            listeners,
             state: Mutex::default(),
             locks: Mutex::default(),
         }
@@ -293,23 +297,16 @@ impl Continuation {
             .filter(|a| !owned.contains(&a.child()))
             .collect()
     }
-}
 
-impl SubagentRuntime {
     /// The children resident now (running, waiting, or being torn down).
-    pub fn resident(&self) -> Vec<SessionId> {
-        lock(&self.continuation().state)
-            .activations
-            .keys()
-            .copied()
-            .collect()
+    fn resident(&self) -> Vec<SessionId> {
+        lock(&self.state).activations.keys().copied().collect()
     }
 
     /// Whether a child in the delegation tree of the exact live agent `ancestor` is resident
-    /// (being torn down included) or being made resident: whether its tree still has work that
-    /// can reach it.
-    pub fn has_resident_under(&self, ancestor: &Arc<Agent>) -> bool {
-        let st = lock(&self.continuation().state);
+    /// (being torn down included) or being made resident.
+    fn has_resident_under(&self, ancestor: &Arc<Agent>) -> bool {
+        let st = lock(&self.state);
         st.activations
             .values()
             .any(|a| !Arc::ptr_eq(&a.agent, ancestor) && a.in_ancestry(ancestor))
@@ -320,9 +317,7 @@ impl SubagentRuntime {
     }
 
     /// Whether `child` has a resident activation (running or waiting).
-    pub fn is_resident(&self, child: SessionId) -> bool {
-        self.continuation()
-            .activation(child)
-            .is_some_and(|a| !a.is_closing())
+    fn is_resident(&self, child: SessionId) -> bool {
+        self.activation(child).is_some_and(|a| !a.is_closing())
     }
 }

@@ -1,7 +1,7 @@
 //! After a crash: the continuable children of a resumed parent whose turn the crash tore.
 //!
 //! A crash stops a resident child mid-turn and nobody settles it, so its parent never hears of
-//! it. [`SubagentRuntime::recover_children`] finds those children in the store (their stored
+//! it. [`crate::SubagentRuntime::recover_children`] finds those children in the store (their stored
 //! logs, no agent loaded) and gives the parent one settlement notice each, exactly once however
 //! many times the host restarts:
 //!
@@ -13,13 +13,13 @@
 
 use lineage_agent::Agent;
 use lineage_log::{
-    ContentBlock, DescriptorMode, Event, EventBody, InboxTarget, Message, MessageId, MessageSource,
-    Role, SessionId, fold_descriptor,
+    ContentBlock, DescriptorMode, Event, EventBody, InboxTarget, Message, MessageId, SessionId,
+    fold_descriptor,
 };
 use lineage_store::{Store, StoreError};
 
 use super::*;
-use crate::outcome::{bound_summary, closing_message, crash_summary};
+use crate::outcome::{closing_message, crash_summary, settlement_notice};
 
 /// A continuable child whose stored log ends in a turn a crash tore.
 struct Torn {
@@ -30,18 +30,9 @@ struct Torn {
     closing: Vec<ContentBlock>,
 }
 
-impl SubagentRuntime {
-    /// Tells `parent` about every continuable child of its whose last turn a crash tore: one
-    /// settlement notice each ("was stopped by a crash before it finished", with what the turn
-    /// wrote), queued for the parent's next turn without waking it, then the child's turn closed
-    /// as crash repair would. Children live in this process, or kept by another host of a shared
-    /// store, are not looked at. Returns the
-    /// children told by this call; a repeated call (or one after another restart) tells none of
-    /// them again.
-    ///
-    /// Call it once a parent is resumed after a restart ([`crate::Host::resume`] does, and a
-    /// cold resume of a continuable child does it for the child's own children).
-    pub async fn recover_children(
+impl Continuation {
+    /// [`crate::SubagentRuntime::recover_children`].
+    pub(super) async fn recover_children(
         &self,
         parent: &Arc<Agent>,
     ) -> Result<Vec<SessionId>, SubagentError> {
@@ -52,7 +43,7 @@ impl SubagentRuntime {
         let mut recovered = Vec::new();
         for torn in torn {
             // A live child's open turn is work in progress, not a crash.
-            if self.agents().get(torn.child).is_some() {
+            if self.agents.get(torn.child).is_some() {
                 continue;
             }
             let notice = crash_notice(&torn);
@@ -115,23 +106,12 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
 
 /// The settlement notice of a torn child, with its derived id.
 fn crash_notice(torn: &Torn) -> Message {
-    let summary = crash_summary(torn.child);
-    let mut content = vec![ContentBlock::text(summary.clone())];
-    if torn.closing.is_empty() {
-        content.push(ContentBlock::text("It left no closing message."));
-    } else {
-        content.push(ContentBlock::text("Its closing message:"));
-        content.extend(torn.closing.iter().cloned());
-    }
-    Message {
-        id: crash_notice_id(torn.child, torn.turn_start),
-        role: Role::User,
-        content,
-        source: MessageSource::SubagentSettled {
-            sender: torn.child,
-            summary: bound_summary(&summary).into(),
-        },
-    }
+    settlement_notice(
+        crash_notice_id(torn.child, torn.turn_start),
+        torn.child,
+        crash_summary(torn.child),
+        &torn.closing,
+    )
 }
 
 /// The id of the crash notice of `child`'s turn that started at `turn_start`: the same on every

@@ -1,12 +1,12 @@
 //! Settlement and teardown: the settlement watcher, teardown children first, the notice.
 
 use lineage_agent::{DiagnosticKind, Queued};
-use lineage_log::{AbortCause, ContentBlock, Message, MessageSource, Role};
+use lineage_log::{AbortCause, ContentBlock};
 
 use super::*;
 use crate::StopReason;
 use crate::lifecycle::Lifecycle;
-use crate::outcome::{bound_summary, closing_message, epoch_stop_reason, settlement_summary};
+use crate::outcome::{closing_message, epoch_stop_reason, settlement_notice, settlement_summary};
 
 /// What a continuable child's epoch ended with, for the notice and `subagent/end`.
 pub(super) struct Terminal {
@@ -15,33 +15,33 @@ pub(super) struct Terminal {
     output: Vec<ContentBlock>,
 }
 
-impl SubagentRuntime {
+impl Activation {
     // ----- settlement and teardown --------------------------------------------------------------------
 
     /// Waits until the activation settles, then tears it down. It looks again whenever the
     /// agent goes idle, its status or inbox changes (a claim or a discard settles accepted
-    /// work), or the manager pokes it (ownership released, work admitted).
-    pub(super) async fn watch_settlement(self, activation: Arc<Activation>) {
-        let mut poked = activation.poke.subscribe();
-        let mut changed = activation.agent.changes();
+    /// work), or `manager` pokes it (ownership released, work admitted).
+    pub(super) async fn watch_settlement(self: Arc<Self>, manager: Arc<Continuation>) {
+        let mut poked = self.poke.subscribe();
+        let mut changed = self.agent.changes();
         loop {
             poked.borrow_and_update();
             changed.borrow_and_update();
-            if activation.is_closing() {
+            if self.is_closing() {
                 return;
             }
             tokio::select! {
-                () = activation.agent.when_idle() => {}
+                () = self.agent.when_idle() => {}
                 _ = poked.changed() => {}
                 _ = changed.changed() => {}
             }
             let disposal = {
-                let _guard = self.child_lock(activation.child()).await;
-                if activation.is_closing() {
+                let _guard = manager.child_lock(self.child()).await;
+                if self.is_closing() {
                     return;
                 }
-                match activation.residency() {
-                    Residency::Settled => Some(self.open_disposal(&activation)),
+                match self.residency() {
+                    Residency::Settled => Some(self.open_disposal(&manager)),
                     Residency::Running | Residency::Waiting => None,
                 }
             };
@@ -52,7 +52,7 @@ impl SubagentRuntime {
                     return;
                 }
                 None => {
-                    if activation.agent.status() != AgentStatus::Running {
+                    if self.agent.status() != AgentStatus::Running {
                         tokio::select! {
                             _ = poked.changed() => {}
                             _ = changed.changed() => {}
@@ -63,12 +63,12 @@ impl SubagentRuntime {
         }
     }
 
-    /// Opens the teardown of `activation` (once; later calls share it): the admission cutoff
+    /// Opens the activation's teardown (once; later calls share it): the admission cutoff
     /// and the cancellations happen now, in one synchronous span, this child's before those of
     /// the children it owns; the rest runs on its own task (where children finish first).
-    pub(super) fn open_disposal(&self, activation: &Arc<Activation>) -> Disposal {
+    pub(super) fn open_disposal(self: &Arc<Self>, manager: &Arc<Continuation>) -> Disposal {
         let (tx, rx) = {
-            let mut st = lock(&activation.st);
+            let mut st = lock(&self.st);
             if let Some(disposal) = &st.disposal {
                 return disposal.clone();
             }
@@ -76,27 +76,22 @@ impl SubagentRuntime {
             st.disposal = Some(rx.clone());
             (tx, rx)
         };
-        activation.poke();
-        if let Err(error) = activation.agent.cancel(AbortCause::Parent, Queued::Discard) {
-            self.continuation().diagnose(
-                activation.child(),
+        self.poke();
+        if let Err(error) = self.agent.cancel(AbortCause::Parent, Queued::Discard) {
+            manager.diagnose(
+                self.child(),
                 DiagnosticKind::CancelFailed,
                 format!("cancelling the settled child failed: {error}"),
             );
         }
-        let owned: Vec<SessionId> = lock(&activation.st).owned.iter().copied().collect();
+        let owned: Vec<SessionId> = lock(&self.st).owned.iter().copied().collect();
         let children: Vec<Disposal> = owned
             .into_iter()
-            .filter_map(|id| {
-                self.continuation()
-                    .activation(id)
-                    .map(|a| self.open_disposal(&a))
-            })
+            .filter_map(|id| manager.activation(id).map(|a| a.open_disposal(manager)))
             .collect();
-        let runtime = self.clone();
-        let activation = activation.clone();
+        let (manager, activation) = (manager.clone(), self.clone());
         tokio::spawn(async move {
-            let outcome = runtime.finish_disposal(&activation, children).await;
+            let outcome = activation.finish_disposal(&manager, children).await;
             tx.send_replace(Some(outcome));
         });
         rx
@@ -107,25 +102,25 @@ impl SubagentRuntime {
     /// forgotten, the notice, ownership released, `subagent/end`. A child's failed teardown or
     /// a failed disposal of the agent fails this one (the epoch then counts as failed), and it is
     /// still carried through to the end, then reported to the registry's watchers.
-    pub(super) async fn finish_disposal(
-        &self,
-        activation: &Arc<Activation>,
+    async fn finish_disposal(
+        self: &Arc<Self>,
+        manager: &Continuation,
         children: Vec<Disposal>,
     ) -> Result<(), SubagentError> {
-        let id = activation.child();
+        let id = self.child();
         let mut failures = Vec::new();
         if let Err(error) = aggregate(children, "child activation(s)").await {
             failures.push(format!("child teardown failed: {error}"));
         }
-        activation.agent.when_idle().await;
-        let terminal = activation.agent.with_events(|events| {
-            let own = &events[activation.boundary.min(events.len())..];
+        self.agent.when_idle().await;
+        let terminal = self.agent.with_events(|events| {
+            let own = &events[self.boundary.min(events.len())..];
             Terminal {
                 stop_reason: epoch_stop_reason(own),
                 output: closing_message(own),
             }
         });
-        if let Err(error) = activation.agent.try_dispose().await {
+        if let Err(error) = self.agent.try_dispose().await {
             failures.push(format!("its agent's disposal failed: {error}"));
         }
         let failure = match failures.as_slice() {
@@ -137,7 +132,7 @@ impl SubagentRuntime {
                 many.join("; ")
             ))),
         };
-        self.continuation().forget(activation);
+        manager.forget(self);
         let terminal = match &failure {
             Some(_) => Terminal {
                 stop_reason: StopReason::Error,
@@ -147,19 +142,18 @@ impl SubagentRuntime {
         };
         // A child another host took over has not settled: it lives on there, and that host
         // tells the parent when it does.
-        if !activation.agent.is_fenced() {
-            self.notify_settlement(activation, &terminal);
+        if !self.agent.is_fenced() {
+            self.notify_settlement(manager, &terminal);
         }
-        self.continuation().release_ownership(id);
-        self.emit(&Lifecycle::End {
-            info: activation.run.clone(),
+        manager.release_ownership(id);
+        manager.listeners.emit(&Lifecycle::End {
+            info: self.run.clone(),
             stop_reason: terminal.stop_reason,
             last_assistant_message: (!terminal.output.is_empty()).then_some(terminal.output),
         });
         match failure {
             Some(error) => {
-                self.continuation()
-                    .diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
+                manager.diagnose(id, DiagnosticKind::TeardownFailed, error.to_string());
                 Err(error)
             }
             None => Ok(()),
@@ -167,43 +161,33 @@ impl SubagentRuntime {
     }
 
     /// Tells the parent that the child settled, with its closing message. Sent only when the
-    /// child was announced and the parent is live; never fails the teardown.
-    pub(super) fn notify_settlement(&self, activation: &Arc<Activation>, terminal: &Terminal) {
-        if !lock(&activation.st).announced {
+    /// child was announced and the parent is live (here, or by mail); never fails the teardown.
+    fn notify_settlement(&self, manager: &Continuation, terminal: &Terminal) {
+        if !lock(&self.st).announced {
             return;
         }
-        let child = activation.child();
-        let parent = self.agents().get(activation.run.parent);
-        let summary = settlement_summary(child, &terminal.stop_reason);
-        let mut content = vec![ContentBlock::text(summary.clone())];
-        if terminal.output.is_empty() {
-            content.push(ContentBlock::text("It left no closing message."));
-        } else {
-            content.push(ContentBlock::text("Its closing message:"));
-            content.extend(terminal.output.iter().cloned());
-        }
-        let message = Message {
-            id: MessageId::new(),
-            role: Role::User,
-            content,
-            source: MessageSource::SubagentSettled {
-                sender: child,
-                summary: bound_summary(&summary).into(),
-            },
-        };
+        let child = self.child();
+        let parent = manager.agents.get(self.run.parent);
+        let message = settlement_notice(
+            MessageId::new(),
+            child,
+            settlement_summary(child, &terminal.stop_reason),
+            &terminal.output,
+        );
         let id = message.id;
         let Some(parent) = parent else {
             // Kept by another host (or by none yet): told there, by mail.
-            self.post_to_absent_parent(child, activation.run.parent, message, None);
+            manager
+                .mailbox
+                .post_to_absent_parent(child, self.run.parent, message, None);
             return;
         };
         // A parent in teardown (its runtime or subtree draining, its own activation closing, or
         // its agent being disposed) gets the notice quietly: waking it would start a turn its
         // teardown then has to wait for.
-        let tearing_down = self.continuation().assert_admitting(&parent).is_err()
+        let tearing_down = manager.assert_admitting(&parent).is_err()
             || parent.is_disposing()
-            || self
-                .continuation()
+            || manager
                 .activation(parent.id())
                 .is_some_and(|owner| Arc::ptr_eq(&owner.agent, &parent) && owner.is_closing());
         let sent = if tearing_down {
@@ -212,7 +196,7 @@ impl SubagentRuntime {
                 .map_err(|e| SubagentError::agent(parent.id(), e))
         } else {
             let recipient = parent.clone();
-            self.send_waking(&parent, id, move || {
+            manager.send_waking(&parent, id, move || {
                 if recipient.status() == AgentStatus::Idle {
                     recipient.followup(message)
                 } else {
@@ -221,7 +205,7 @@ impl SubagentRuntime {
             })
         };
         if let Err(error) = sent {
-            self.continuation().diagnose(
+            manager.diagnose(
                 parent.id(),
                 DiagnosticKind::NoticeUndelivered,
                 format!("the settlement notice of subagent {child} was not delivered: {error}"),

@@ -401,20 +401,17 @@ impl SubagentRun {
     /// Cancel safety: safe to drop; the run goes on and a later call gets the same result. To stop
     /// the run, fire the start request's cancellation or call [`SubagentRun::dispose`].
     pub async fn result(&self) -> Result<SubagentResult, SubagentError> {
-        let mut rx = self.inner.result.clone();
-        let outcome = rx.wait_for(Option::is_some).await;
-        match outcome.as_deref() {
-            Ok(Some(outcome)) => outcome.clone(),
-            // The sender is dropped only after sending, unless the task driving the result
-            // panicked.
-            _ => Err(SubagentError::new(
+        // The sender is dropped only after sending, unless the task driving the result panicked.
+        settled(self.inner.result.clone(), || {
+            SubagentError::new(
                 crate::ErrorCode::AgentFailure,
                 format!(
                     "subagent {}: the run stopped without a result",
                     self.inner.id
                 ),
-            )),
-        }
+            )
+        })
+        .await
     }
 
     /// Tears the run down: cancels the child if it is still working, waits for it and for the
@@ -424,7 +421,7 @@ impl SubagentRun {
     /// Cancel safety: once started, the disposal is shared by every caller; dropping this future
     /// stops only the wait.
     pub async fn dispose(&self) -> Result<(), SubagentError> {
-        let mut done = {
+        let done = {
             let mut disposed = crate::lock(&self.inner.disposed);
             match &*disposed {
                 Some(done) => done.clone(),
@@ -447,16 +444,16 @@ impl SubagentRun {
                 }
             }
         };
-        match done.wait_for(Option::is_some).await.as_deref() {
-            Ok(Some(outcome)) => outcome.clone(),
-            _ => Err(SubagentError::new(
+        settled(done, || {
+            SubagentError::new(
                 crate::ErrorCode::AgentFailure,
                 format!(
                     "subagent {}: disposal stopped without an outcome",
                     self.inner.id
                 ),
-            )),
-        }
+            )
+        })
+        .await
     }
 }
 
@@ -465,6 +462,18 @@ pub(crate) fn completed_boundary(events: &[Event]) -> Option<u64> {
     lineage_log::completed_turn_prefix(events)
         .last()
         .map(|event| event.seq)
+}
+
+/// The outcome `outcome` carries, once it carries one; `stopped()` when its sender is gone
+/// without one (the task that was to send it panicked).
+pub(crate) async fn settled<T: Clone>(
+    mut outcome: watch::Receiver<Option<Result<T, SubagentError>>>,
+    stopped: impl FnOnce() -> SubagentError,
+) -> Result<T, SubagentError> {
+    match outcome.wait_for(Option::is_some).await.as_deref() {
+        Ok(Some(outcome)) => outcome.clone(),
+        _ => Err(stopped()),
+    }
 }
 
 #[cfg(test)]

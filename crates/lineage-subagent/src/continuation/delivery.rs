@@ -15,6 +15,16 @@ use crate::birth;
 use crate::setup::Installer;
 use crate::{Authority, CancelledBy, ReportDelivery};
 
+/// A follow-up under way: from the exact live `parent` to `child`, given up when `cancel` fires
+/// before the child accepts it; a cold resume installs `installer`'s contributions.
+#[derive(Clone, Copy)]
+struct Followup<'a> {
+    parent: &'a Arc<Agent>,
+    child: SessionId,
+    cancel: &'a Cancellation,
+    installer: Installer<'a>,
+}
+
 /// Where a follow-up's recipient is, under its lock.
 enum Holder {
     /// Resident here and accepting.
@@ -122,9 +132,13 @@ impl Continuation {
             content,
             source,
         };
-        let id = self
-            .followup_message(parent, child, message, cancel, installer)
-            .await?;
+        let to = Followup {
+            parent,
+            child,
+            cancel,
+            installer,
+        };
+        let id = self.followup_message(to, message).await?;
         // On a shared store another host may take the child over at any moment: a follow-up it
         // accepted here is durable before it is reported accepted (mail is, by its deliverer).
         if self.agents.store().is_shared()
@@ -159,12 +173,15 @@ impl Continuation {
     /// [`Self::locate`] finds the child; mail goes without the lock.
     async fn followup_message(
         self: &Arc<Self>,
-        parent: &Arc<Agent>,
-        child: SessionId,
+        to: Followup<'_>,
         message: Message,
-        cancel: &Cancellation,
-        installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
+        let Followup {
+            parent,
+            child,
+            cancel,
+            ..
+        } = to;
         self.assert_admitting(parent)?;
         let not_accepted = || followup_cancelled(child, cancel);
         loop {
@@ -190,9 +207,7 @@ impl Continuation {
                     false
                 }
                 Holder::Cold => {
-                    let resumed = self
-                        .cold_resume(parent, child, message.clone(), cancel, installer)
-                        .await;
+                    let resumed = self.cold_resume(to, message.clone()).await;
                     // Unless another host resumed it first.
                     if resumed.is_ok() || !self.mailbox.held_elsewhere(child).await {
                         return as_followup(resumed, child, cancel);
@@ -204,11 +219,7 @@ impl Continuation {
             // Mail goes without the child's lock: its wait may end in a resume here, which takes
             // it.
             drop(guard);
-            if by_mail
-                && let Some(id) = self
-                    .followup_by_mail(parent, child, &message, cancel)
-                    .await?
-            {
+            if by_mail && let Some(id) = self.followup_by_mail(to, &message).await? {
                 return Ok(id);
             }
             self.assert_admitting(parent)?;
@@ -218,16 +229,15 @@ impl Continuation {
         }
     }
 
-    /// The checks of a follow-up to `child` that is not resident here, against the durable
+    /// The checks of a follow-up to a child that is not resident here, against the durable
     /// parent its stored header names: admission, then the exact live parent.
     fn authorize_stored(
         &self,
-        parent: &Arc<Agent>,
-        child: SessionId,
+        to: Followup<'_>,
         stored_parent: Option<SessionId>,
     ) -> Result<(), SubagentError> {
-        self.assert_admitting(parent)?;
-        self.authorize_lineage(parent, child, stored_parent)
+        self.assert_admitting(to.parent)?;
+        self.authorize_lineage(to.parent, to.child, stored_parent)
     }
 
     /// A follow-up to a child another host keeps: checked here as a cold resume would check it,
@@ -235,35 +245,30 @@ impl Continuation {
     /// for the follow-up to find the child again.
     async fn followup_by_mail(
         &self,
-        parent: &Arc<Agent>,
-        child: SessionId,
+        to: Followup<'_>,
         message: &Message,
-        cancel: &Cancellation,
     ) -> Result<Option<MessageId>, SubagentError> {
         let info = self
             .mailbox
-            .info(child)
+            .info(to.child)
             .await
-            .map_err(|reason| unavailable(child, reason))?;
-        self.authorize_stored(parent, child, info.header.parent)?;
+            .map_err(|reason| unavailable(to.child, reason))?;
+        self.authorize_stored(to, info.header.parent)?;
         self.mailbox
-            .followup(parent.id(), child, message, cancel)
+            .followup(to.parent.id(), to.child, message, to.cancel)
             .await
     }
 
-    /// Resumes a settled child from its log and submits `content` to it. No provider is asked:
+    /// Resumes a settled child from its log and submits `message` to it. No provider is asked:
     /// the child's model endpoint, model, persona and tool filter come from its descriptor, its
     /// token limit, depth and policy from its own events.
     async fn cold_resume(
         self: &Arc<Self>,
-        parent: &Arc<Agent>,
-        child: SessionId,
+        to: Followup<'_>,
         message: Message,
-        cancel: &Cancellation,
-        installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
-        let store = self.agents.store().clone();
-        self.cold_resume_from(parent, child, message, cancel, installer, move || {
+        let (store, child) = (self.agents.store().clone(), to.child);
+        self.cold_resume_from(to, message, move || {
             store.inspect(child).map_err(|e| e.to_string())
         })
         .await
@@ -274,13 +279,16 @@ impl Continuation {
     /// resume does not wait for it) and once it returns.
     async fn cold_resume_from(
         self: &Arc<Self>,
-        parent: &Arc<Agent>,
-        child: SessionId,
+        to: Followup<'_>,
         message: Message,
-        cancel: &Cancellation,
-        installer: Installer<'_>,
         inspect: impl FnOnce() -> Result<Loaded, String> + Send + 'static,
     ) -> Result<MessageId, SubagentError> {
+        let Followup {
+            parent,
+            child,
+            cancel,
+            installer,
+        } = to;
         if cancel.is_cancelled() {
             return Err(followup_cancelled(child, cancel));
         }
@@ -294,7 +302,7 @@ impl Continuation {
             return Err(followup_cancelled(child, cancel));
         }
         let loaded = inspected.map_err(|reason| unavailable(child, reason))?;
-        self.authorize_stored(parent, child, loaded.header.parent)?;
+        self.authorize_stored(to, loaded.header.parent)?;
         let folded = fold_descriptor(&loaded.events);
         if let Some(d) = folded
             && let Err(problem) = lineage_log::check_descriptor(d)
@@ -572,16 +580,15 @@ mod cold_resume_tests {
                             sender: parent.id(),
                         },
                     };
+                    let to = Followup {
+                        parent: &parent,
+                        child,
+                        cancel: &cancel,
+                        installer: runtime.installer(),
+                    };
                     runtime
                         .continuation()
-                        .cold_resume_from(
-                            &parent,
-                            child,
-                            message,
-                            &cancel,
-                            runtime.installer(),
-                            inspect,
-                        )
+                        .cold_resume_from(to, message, inspect)
                         .await
                 }
             };

@@ -5,6 +5,7 @@ use lineage_log::{AbortCause, ContentBlock};
 
 use super::*;
 use crate::StopReason;
+use crate::contract::settled;
 use crate::lifecycle::Lifecycle;
 use crate::outcome::{closing_message, epoch_stop_reason, settlement_notice, settlement_summary};
 
@@ -215,14 +216,11 @@ impl Activation {
 }
 
 /// Waits for a teardown's outcome.
-pub(super) async fn wait(mut disposal: Disposal) -> Result<(), SubagentError> {
-    match disposal.wait_for(Option::is_some).await.as_deref() {
-        Ok(Some(outcome)) => outcome.clone(),
-        // The sender is dropped without an outcome only if the teardown task panicked.
-        _ => Err(teardown_failed(
-            "an activation teardown stopped without an outcome".into(),
-        )),
-    }
+pub(super) async fn wait(disposal: Disposal) -> Result<(), SubagentError> {
+    settled(disposal, || {
+        teardown_failed("an activation teardown stopped without an outcome".into())
+    })
+    .await
 }
 
 /// Waits for every teardown and reports all failures together.

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{AgentStatus, BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput};
+use lineage_agent::{AgentStatus, BoxFuture, Tool, ToolContext, ToolOutput};
 use lineage_log::{ContentBlock, DescriptorMode, MessageSource, SessionId};
 use serde_json::{Value, json};
 
-use crate::{Authority, ListingRow, SubagentError, SubagentRuntime};
+use super::{answer, invalid, refused, string_arg};
+use crate::{Authority, ListingRow, SubagentRuntime};
 
 /// The name of [`SendMessageTool`].
 pub const SEND_MESSAGE: &str = "send_message";
@@ -16,22 +17,9 @@ pub const INTERRUPT_AGENT: &str = "interrupt_agent";
 /// The name of [`ListAgentsTool`].
 pub const LIST_AGENTS: &str = "list_agents";
 
-/// A refusal, as the model reads it.
-pub(crate) fn refused(error: &SubagentError) -> ToolOutput {
-    ToolOutput::error("SubagentError", error.code().as_str(), error.to_string())
-}
-
-/// Arguments the model got wrong, as the model reads it.
-pub(crate) fn invalid(text: impl Into<lineage_log::Text>) -> ToolOutput {
-    ToolOutput::error("SubagentError", INVALID_ARGUMENTS, text)
-}
-
 /// The session id in `arguments[key]`, or the result that says why not.
 fn session_arg(arguments: &Value, key: &str) -> Result<SessionId, ToolOutput> {
-    let raw = arguments
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid(format!("`{key}` must be a string")))?;
+    let raw = string_arg(arguments, key)?;
     raw.trim()
         .parse()
         .map_err(|_| invalid(format!("`{key}` is not an agent id: {raw:?}")))
@@ -78,18 +66,13 @@ impl Tool for SendMessageTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
-            let child = match session_arg(&arguments, "subagent_id") {
-                Ok(id) => id,
-                Err(output) => return output,
-            };
-            let Some(text) = arguments.get("message").and_then(Value::as_str) else {
-                return invalid("`message` must be a string");
-            };
+        answer(async move {
+            let child = session_arg(&arguments, "subagent_id")?;
+            let text = string_arg(&arguments, "message")?;
             let source = MessageSource::Coordinator {
                 sender: ctx.agent.id(),
             };
-            match self
+            let id = self
                 .runtime
                 .followup(
                     &ctx.agent,
@@ -99,12 +82,10 @@ impl Tool for SendMessageTool {
                     &ctx.cancel,
                 )
                 .await
-            {
-                Ok(id) => ToolOutput::text(format!(
-                    "Message {id} is queued as the next turn of subagent {child}."
-                )),
-                Err(error) => refused(&error),
-            }
+                .map_err(|error| refused(&error))?;
+            Ok(ToolOutput::text(format!(
+                "Message {id} is queued as the next turn of subagent {child}."
+            )))
         })
     }
 }
@@ -153,18 +134,14 @@ impl Tool for InterruptAgentTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
-            let target = match session_arg(&arguments, "agent_id") {
-                Ok(id) => id,
-                Err(output) => return output,
-            };
-            match self
-                .runtime
+        answer(async move {
+            let target = session_arg(&arguments, "agent_id")?;
+            self.runtime
                 .interrupt(target, &Authority::Ancestor(ctx.agent.clone()))
-            {
-                Ok(()) => ToolOutput::text(format!("Interrupt requested for agent {target}.")),
-                Err(error) => refused(&error),
-            }
+                .map_err(|error| refused(&error))?;
+            Ok(ToolOutput::text(format!(
+                "Interrupt requested for agent {target}."
+            )))
         })
     }
 }
@@ -268,11 +245,11 @@ impl Tool for ListAgentsTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
+        answer(async move {
             let descendants = match arguments.get("scope").map(|v| v.as_str()) {
                 None | Some(Some("children")) => false,
                 Some(Some("descendants")) => true,
-                _ => return invalid("`scope` must be \"children\" or \"descendants\""),
+                _ => return Err(invalid("`scope` must be \"children\" or \"descendants\"")),
             };
             let listed = if descendants {
                 self.runtime
@@ -283,10 +260,8 @@ impl Tool for ListAgentsTool {
                     .list_children(ctx.agent.id(), &ctx.cancel)
                     .await
             };
-            match listed {
-                Ok(rows) => ToolOutput::text(self.render(&rows, descendants)),
-                Err(error) => refused(&error),
-            }
+            let rows = listed.map_err(|error| refused(&error))?;
+            Ok(ToolOutput::text(self.render(&rows, descendants)))
         })
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
 use serde_json::{Value, json};
 
-use crate::tools::control::{invalid, refused};
+use super::{answer, invalid, refused, string_arg};
 use crate::{JobId, SubagentRuntime};
 
 /// The name of [`JobOutputTool`].
@@ -16,11 +16,8 @@ pub const JOB_KILL: &str = "job_kill";
 
 /// The job id in `arguments`, or the result that says why not.
 fn job_arg(arguments: &Value) -> Result<JobId, ToolOutput> {
-    let raw = arguments
-        .get("job_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid("`job_id` must be a string"))?;
-    raw.trim()
+    string_arg(arguments, "job_id")?
+        .trim()
         .parse()
         .map_err(|e: crate::SubagentError| invalid(e.message()))
 }
@@ -67,32 +64,28 @@ impl Tool for JobOutputTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
-            let job = match job_arg(&arguments) {
-                Ok(job) => job,
-                Err(output) => return output,
-            };
+        answer(async move {
+            let job = job_arg(&arguments)?;
             let wait = match arguments.get("wait") {
                 None | Some(Value::Null) => true,
                 Some(Value::Bool(wait)) => *wait,
-                Some(_) => return invalid("`wait` must be true or false"),
+                Some(_) => return Err(invalid("`wait` must be true or false")),
             };
             let output = self.runtime.job_output(ctx.agent.id(), job, wait);
             let outcome = tokio::select! {
                 outcome = output => outcome,
                 _ = ctx.cancel.cancelled() => {
-                    return ToolOutput::error(
+                    return Err(ToolOutput::error(
                         "SubagentError",
                         "CANCELLED",
                         format!("stopped waiting for {job}; the job goes on"),
-                    );
+                    ));
                 }
             };
-            match outcome {
-                Ok(Some(outcome)) => ToolOutput::text(outcome.describe(job)),
-                Ok(None) => ToolOutput::text(format!("Background job {job} is still running.")),
-                Err(error) => refused(&error),
-            }
+            Ok(match outcome.map_err(|error| refused(&error))? {
+                Some(outcome) => ToolOutput::text(outcome.describe(job)),
+                None => ToolOutput::text(format!("Background job {job} is still running.")),
+            })
         })
     }
 }
@@ -133,15 +126,14 @@ impl Tool for JobKillTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
-            let job = match job_arg(&arguments) {
-                Ok(job) => job,
-                Err(output) => return output,
-            };
-            match self.runtime.kill_job(ctx.agent.id(), job).await {
-                Ok(outcome) => ToolOutput::text(outcome.describe(job)),
-                Err(error) => refused(&error),
-            }
+        answer(async move {
+            let job = job_arg(&arguments)?;
+            let outcome = self
+                .runtime
+                .kill_job(ctx.agent.id(), job)
+                .await
+                .map_err(|error| refused(&error))?;
+            Ok(ToolOutput::text(outcome.describe(job)))
         })
     }
 }

@@ -7,7 +7,7 @@ use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
 use lineage_log::{ContentBlock, SessionId};
 use serde_json::{Value, json};
 
-use crate::tools::control::refused;
+use super::{answer, refused, string_arg};
 use crate::{ContinuableSetup, Installed, ReportDelivery, SubagentRuntime};
 
 /// The tool's name.
@@ -81,25 +81,20 @@ impl Tool for ReportTool {
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
-        Box::pin(async move {
-            let Some(output) = arguments.get("output").and_then(Value::as_str) else {
-                return ToolOutput::error(
-                    "SubagentError",
-                    lineage_agent::INVALID_ARGUMENTS,
-                    "`output` must be a string",
-                );
-            };
-            match self.runtime.report(
-                &ctx.agent,
-                vec![ContentBlock::text(output)],
-                self.delivery,
-                &ctx.cancel,
-            ) {
-                Ok(id) => ToolOutput::text(format!(
-                    "The agent that started you accepted the report as message {id}."
-                )),
-                Err(error) => refused(&error),
-            }
+        answer(async move {
+            let output = string_arg(&arguments, "output")?;
+            let id = self
+                .runtime
+                .report(
+                    &ctx.agent,
+                    vec![ContentBlock::text(output)],
+                    self.delivery,
+                    &ctx.cancel,
+                )
+                .map_err(|error| refused(&error))?;
+            Ok(ToolOutput::text(format!(
+                "The agent that started you accepted the report as message {id}."
+            )))
         })
     }
 }

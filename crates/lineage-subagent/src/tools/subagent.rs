@@ -7,8 +7,8 @@ use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput}
 use lineage_log::{ContentBlock, Text, ToolError, ToolFilter};
 use serde_json::{Value, json};
 
+use super::refused;
 use crate::runtime::Mount;
-use crate::tools::control::refused;
 use crate::{
     ChildOptions, ContinuableRequest, ErrorCode, Provider, StartRequest, StopReason, SubagentError,
     SubagentResult, SubagentRuntime,

@@ -403,13 +403,7 @@ impl SubagentRun {
     pub async fn result(&self) -> Result<SubagentResult, SubagentError> {
         // The sender is dropped only after sending, unless the task driving the result panicked.
         settled(self.inner.result.clone(), || {
-            SubagentError::new(
-                crate::ErrorCode::AgentFailure,
-                format!(
-                    "subagent {}: the run stopped without a result",
-                    self.inner.id
-                ),
-            )
+            self.failure("the run stopped without a result")
         })
         .await
     }
@@ -444,16 +438,15 @@ impl SubagentRun {
                 }
             }
         };
-        settled(done, || {
-            SubagentError::new(
-                crate::ErrorCode::AgentFailure,
-                format!(
-                    "subagent {}: disposal stopped without an outcome",
-                    self.inner.id
-                ),
-            )
-        })
-        .await
+        settled(done, || self.failure("disposal stopped without an outcome")).await
+    }
+
+    /// A failure of this run's machinery, `what` saying which.
+    fn failure(&self, what: &str) -> SubagentError {
+        SubagentError::new(
+            crate::ErrorCode::AgentFailure,
+            format!("subagent {}: {what}", self.inner.id),
+        )
     }
 }
 

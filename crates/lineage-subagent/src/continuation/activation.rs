@@ -28,6 +28,20 @@ pub(super) struct Birth {
     policy: crate::DelegatedPolicy,
 }
 
+impl Birth {
+    /// The creation of `child`, born this way, with `descriptor` and `spec`.
+    fn plan(self, child: SessionId, descriptor: SubagentDescriptor, spec: AgentSpec) -> ChildPlan {
+        ChildPlan {
+            child,
+            depth: self.depth,
+            fork_at: self.fork_at,
+            descriptor,
+            policy: self.policy,
+            spec,
+        }
+    }
+}
+
 impl Continuation {
     // ----- starting --------------------------------------------------------------------------------
 
@@ -202,19 +216,8 @@ impl Continuation {
             )
         };
         let agent = match born {
-            Some(Birth {
-                depth,
-                fork_at,
-                policy,
-            }) => {
-                let plan = ChildPlan {
-                    child,
-                    depth,
-                    fork_at,
-                    descriptor,
-                    policy,
-                    spec,
-                };
+            Some(born) => {
+                let plan = born.plan(child, descriptor, spec);
                 birth::create_child(&self.agents, parent, plan).await?
             }
             None => {

@@ -55,8 +55,12 @@ impl SubagentRuntime {
     pub fn new(agents: Agents) -> Self {
         let listeners = Arc::new(Listeners::default());
         SubagentRuntime {
-            inner: Arc::new(Inner {
-                continuation: Arc::new(Continuation::new(agents.clone(), listeners.clone())),
+            inner: Arc::new_cyclic(|inner: &Weak<Inner>| Inner {
+                continuation: Arc::new(Continuation::new(
+                    agents.clone(),
+                    listeners.clone(),
+                    inner.clone(),
+                )),
                 agents,
                 setups: Setups::default(),
                 providers: Mutex::new(Vec::new()),

@@ -267,7 +267,14 @@ impl Continuation {
         }
         self.listeners
             .emit(&Lifecycle::Start(activation.run.clone()));
-        tokio::spawn(activation.clone().watch_settlement(self.clone()));
+        let (runtime, watcher) = (
+            self.hold_runtime(),
+            activation.clone().watch_settlement(self.clone()),
+        );
+        tokio::spawn(async move {
+            let _runtime = runtime;
+            watcher.await;
+        });
         Ok(activation)
     }
 }

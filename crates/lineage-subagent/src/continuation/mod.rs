@@ -63,6 +63,7 @@ mod recovery;
 mod request;
 mod teardown;
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -93,6 +94,11 @@ pub(crate) struct Continuation {
     state: Mutex<State>,
     /// One lock per child with operations in flight (removed when nobody holds or waits on it).
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+    /// The runtime this manager serves. A task the manager starts (a settlement watcher, a
+    /// teardown) holds it while it runs, so the runtime's other parts (its providers, its
+    /// background jobs and their watcher) outlive a teardown under way even when the host has
+    /// dropped every handle to the runtime. Weak here: the runtime owns the manager.
+    runtime: Weak<dyn Any + Send + Sync>,
 }
 
 #[derive(Default)]
@@ -214,14 +220,24 @@ fn teardown_failed(message: String) -> SubagentError {
 impl Continuation {
     /// A manager for the agents of `agents`, with nothing resident, telling `listeners` of its
     /// epochs.
-    pub(crate) fn new(agents: Agents, listeners: Arc<Listeners>) -> Self {
+    pub(crate) fn new(
+        agents: Agents,
+        listeners: Arc<Listeners>,
+        runtime: Weak<dyn Any + Send + Sync>,
+    ) -> Self {
         Continuation {
             mailbox: Mailbox::new(agents.clone()),
             agents,
             listeners,
             state: Mutex::default(),
             locks: Mutex::default(),
+            runtime,
         }
+    }
+
+    /// A hold on the runtime for a task about to start (see `runtime`); `None` once it is gone.
+    fn hold_runtime(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.runtime.upgrade()
     }
 
     /// The resident activation of `child`, if any (being torn down included).

@@ -91,7 +91,9 @@ impl Activation {
             .filter_map(|id| manager.activation(id).map(|a| a.open_disposal(manager)))
             .collect();
         let (manager, activation) = (manager.clone(), self.clone());
+        let runtime = manager.hold_runtime();
         tokio::spawn(async move {
+            let _runtime = runtime;
             let outcome = activation.finish_disposal(&manager, children).await;
             tx.send_replace(Some(outcome));
         });

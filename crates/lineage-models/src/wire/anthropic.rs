@@ -747,31 +747,7 @@ mod tests {
         testing::failure_of(WIRE, wire).code.to_string()
     }
 
-    const TEXT: &str = r#"event: message_start
-data: {"type":"message_start","message":{"id":"msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY","type":"message","role":"assistant","content":[],"model":"claude-opus-4-1","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"output_tokens":1}}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
-
-event: ping
-data: {"type": "ping"}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"!"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":0}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+    const TEXT: &str = include_str!("fixtures/anthropic/text.sse");
 
     #[test]
     fn a_text_answer_reads_to_its_chunks_usage_and_stop() {
@@ -850,46 +826,9 @@ data: {"type":"message_stop"}
 
     #[test]
     fn reasoning_then_text_are_separate_blocks_and_the_signature_is_dropped() {
-        let wire = r#"event: message_start
-data: {"type":"message_start","message":{"id":"msg_01","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"cache_read_input_tokens":90,"cache_creation_input_tokens":5,"output_tokens":1}}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me solve this step by step:\n\n1. First break down 27 * 453"}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"\n2. 453 = 400 + 50 + 3"}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":0}
-
-event: content_block_start
-data: {"type":"content_block_start","index":1,"content_block":{"type":"redacted_thinking","data":"EmwKAhgBEgy3va3pzix"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":1}
-
-event: content_block_start
-data: {"type":"content_block_start","index":2,"content_block":{"type":"text","text":""}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":2,"delta":{"type":"text_delta","text":"27 * 453 = 12,231"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":2}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":100}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+        let wire = include_str!(
+            "fixtures/anthropic/reasoning_then_text_are_separate_blocks_and_the_signature_is_dropped.sse"
+        );
         let chunks = read(wire).expect("a valid answer");
         check_promises(&chunks);
         assert_eq!(
@@ -922,55 +861,7 @@ data: {"type":"message_stop"}
         assert_eq!(assembler.finish(), FinishReason::Stop);
     }
 
-    const PARALLEL: &str = r#"event: message_start
-data: {"type":"message_start","message":{"id":"msg_014p7gG3wDgGV9EUtLvnow3U","type":"message","role":"assistant","model":"claude-opus-4-1","stop_sequence":null,"usage":{"input_tokens":472,"output_tokens":2},"content":[],"stop_reason":null}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Checking both."}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":0}
-
-event: content_block_start
-data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_01T1x1fJ34qAmk2tNTrN7Up6","name":"get_weather","input":{}}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_02Ab","name":"get_time","input":{}}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"zone\": \"Europe/"}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"San Fra"}}
-
-event: ping
-data: {"type": "ping"}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"Paris\"}"}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"ncisco, CA\"}"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":2}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":1}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":89}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+    const PARALLEL: &str = include_str!("fixtures/anthropic/parallel.sse");
 
     #[test]
     fn parallel_tool_calls_with_interleaved_split_arguments_keep_their_ids() {
@@ -1012,22 +903,9 @@ data: {"type":"message_stop"}
 
     #[test]
     fn a_tool_call_without_input_deltas_has_an_empty_object() {
-        let wire = r#"event: message_start
-data: {"type":"message_start","message":{"id":"m","type":"message","role":"assistant","content":[],"model":"claude","stop_reason":null,"usage":{"input_tokens":3,"output_tokens":1}}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_9","name":"list_files","input":{}}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":0}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":12}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+        let wire = include_str!(
+            "fixtures/anthropic/a_tool_call_without_input_deltas_has_an_empty_object.sse"
+        );
         let chunks = read(wire).expect("a valid answer");
         assert_eq!(
             assemble(&chunks).blocks(),
@@ -1037,34 +915,8 @@ data: {"type":"message_stop"}
 
     #[test]
     fn a_max_tokens_stop_drops_the_partial_tool_call() {
-        let wire = r#"event: message_start
-data: {"type":"message_start","message":{"id":"m","type":"message","role":"assistant","content":[],"model":"claude","stop_reason":null,"usage":{"input_tokens":3,"output_tokens":1}}}
-
-event: content_block_start
-data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Writing the file."}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":0}
-
-event: content_block_start
-data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_5","name":"write","input":{}}}
-
-event: content_block_delta
-data: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"path\": \"a.txt\", \"body\": \"hel"}}
-
-event: content_block_stop
-data: {"type":"content_block_stop","index":1}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":4096}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+        let wire =
+            include_str!("fixtures/anthropic/a_max_tokens_stop_drops_the_partial_tool_call.sse");
         let chunks = read(wire).expect("a valid answer");
         check_promises(&chunks);
         let assembler = assemble(&chunks);
@@ -1254,16 +1106,9 @@ data: {"type":"message_stop"}
 
     #[test]
     fn a_normal_stop_with_no_content_fails_with_empty_response() {
-        let empty = r#"event: message_start
-data: {"type":"message_start","message":{"id":"m","type":"message","role":"assistant","content":[],"model":"claude","stop_reason":null,"usage":{"input_tokens":3,"output_tokens":1}}}
-
-event: message_delta
-data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":1}}
-
-event: message_stop
-data: {"type":"message_stop"}
-
-"#;
+        let empty = include_str!(
+            "fixtures/anthropic/a_normal_stop_with_no_content_fails_with_empty_response_empty.sse"
+        );
         assert_eq!(code(empty), EMPTY_RESPONSE);
         // An empty text block is no content either.
         let empty_text = TEXT

@@ -652,17 +652,7 @@ mod tests {
         testing::failure_of(WIRE, text)
     }
 
-    const TEXT: &str = r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":", world."},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}
-
-data: [DONE]
-
-"#;
+    const TEXT: &str = include_str!("fixtures/chat/text.sse");
 
     #[test]
     fn text_deltas_share_one_block_and_stop_finishes() {
@@ -687,19 +677,9 @@ data: [DONE]
     fn deepseek_reasoning_then_text_with_usage_on_the_finish_chunk() {
         // DeepSeek: the first thinking delta is empty, content is null while it thinks, and the
         // finish chunk carries the usage with its cache-hit count.
-        let wire = r#"data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":""},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"The user greets"},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"; greet back."},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":"Hi!","reasoning_content":null},"logprobs":null,"finish_reason":null}]}
-
-data: {"id":"d1","object":"chat.completion.chunk","created":1,"model":"deepseek-reasoner","choices":[{"index":0,"delta":{"content":"","reasoning_content":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":0},"prompt_cache_hit_tokens":0,"prompt_cache_miss_tokens":12}}
-
-data: [DONE]
-
-"#;
+        let wire = include_str!(
+            "fixtures/chat/deepseek_reasoning_then_text_with_usage_on_the_finish_chunk.sse"
+        );
         let (chunks, assembled) = assemble(wire);
         check_promises(&chunks);
         assert_eq!(
@@ -722,15 +702,7 @@ data: [DONE]
 
     #[test]
     fn a_reasoning_field_is_read_too_and_never_twice() {
-        let wire = r#"data: {"choices":[{"index":0,"delta":{"reasoning":"think"}}]}
-
-data: {"choices":[{"index":0,"delta":{"reasoning":" more","reasoning_content":" more"}}]}
-
-data: {"choices":[{"index":0,"delta":{"content":"done"},"finish_reason":"stop"}]}
-
-data: [DONE]
-
-"#;
+        let wire = include_str!("fixtures/chat/a_reasoning_field_is_read_too_and_never_twice.sse");
         let (_, assembled) = assemble(wire);
         assert_eq!(
             assembled.blocks(),
@@ -738,21 +710,7 @@ data: [DONE]
         );
     }
 
-    const PARALLEL: &str = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read","arguments":""}}]},"finish_reason":null}]}
-
-data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"list","arguments":"{\"di"}}]},"finish_reason":null}]}
-
-data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":"}}]},"finish_reason":null}]}
-
-data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"r\":\"/\"}"}},{"index":0,"function":{"arguments":"\"a.txt\"}"}}]},"finish_reason":null}]}
-
-data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}
-
-data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":20,"total_tokens":60,"prompt_tokens_details":{"cached_tokens":32}}}
-
-data: [DONE]
-
-"#;
+    const PARALLEL: &str = include_str!("fixtures/chat/parallel.sse");
 
     #[test]
     fn parallel_tool_calls_with_interleaved_split_arguments_each_get_a_block_and_their_ids() {
@@ -795,19 +753,9 @@ data: [DONE]
     #[test]
     fn calls_sharing_an_index_or_sending_none_are_told_apart_by_their_ids() {
         // Every call on index 0, each with its own id; then calls with no index at all.
-        let wire = r#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"read","arguments":"{\"path\":"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a\"}"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","type":"function","function":{"name":"read","arguments":"{\"path\":\"b\"}"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_3","type":"function","function":{"name":"list","arguments":"{"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"}"}}]},"finish_reason":"tool_calls"}]}
-
-data: [DONE]
-
-"#;
+        let wire = include_str!(
+            "fixtures/chat/calls_sharing_an_index_or_sending_none_are_told_apart_by_their_ids.sse"
+        );
         let (chunks, assembled) = assemble(wire);
         check_promises(&chunks);
         assert_eq!(
@@ -846,15 +794,7 @@ data: [DONE]
 
     #[test]
     fn text_then_a_tool_call_are_two_blocks_in_order() {
-        let wire = r#"data: {"choices":[{"index":0,"delta":{"content":"Let me look."}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"read","arguments":"{}"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{"content":" Done."},"finish_reason":"tool_calls"}]}
-
-data: [DONE]
-
-"#;
+        let wire = include_str!("fixtures/chat/text_then_a_tool_call_are_two_blocks_in_order.sse");
         let (_, assembled) = assemble(wire);
         assert_eq!(
             assembled.blocks(),
@@ -927,17 +867,9 @@ data: [DONE]
 
     #[test]
     fn a_length_stop_drops_the_partial_tool_call_and_keeps_the_text() {
-        let wire = r#"data: {"choices":[{"index":0,"delta":{"content":"Reading"}}]}
-
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_x","type":"function","function":{"name":"read","arguments":"{\"pa"}}]}}]}
-
-data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}
-
-data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":16}}
-
-data: [DONE]
-
-"#;
+        let wire = include_str!(
+            "fixtures/chat/a_length_stop_drops_the_partial_tool_call_and_keeps_the_text.sse"
+        );
         let (chunks, assembled) = assemble(wire);
         check_promises(&chunks);
         assert_eq!(assembled.finish(), FinishReason::MaxTokens);
@@ -1029,15 +961,8 @@ data: [DONE]
 
     #[test]
     fn a_normal_stop_with_no_content_is_an_empty_response() {
-        let wire = r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}
-
-data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}
-
-data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":0}}
-
-data: [DONE]
-
-"#;
+        let wire =
+            include_str!("fixtures/chat/a_normal_stop_with_no_content_is_an_empty_response.sse");
         let (chunks, result) = read(wire);
         assert_eq!(
             result.map_err(|e| e.code.to_string()),

@@ -3,7 +3,8 @@
 //!
 //! Everything here is pure: no sockets, no clocks. The HTTP layer ([`crate::http`]) sends the
 //! body and pushes the answer's bytes into an [`AnswerReader`], which decodes the server-sent
-//! events, feeds each to the format's `Translate` and yields what it emits.
+//! events, feeds each to the format's `Translate` and yields what it emits. The translators'
+//! tests read whole answers, as their servers stream them, from `fixtures/<format>/`.
 //!
 //! Every translator keeps the same promises, whatever its server sends:
 //!

@@ -978,36 +978,9 @@ mod tests {
         }
     }
 
-    const OPENING: &str = r#"event: response.created
-data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_67c","object":"response","created_at":1741290958,"status":"in_progress","model":"gpt-4.1-2025-04-14","output":[],"usage":null}}
+    const OPENING: &str = include_str!("fixtures/responses/opening.sse");
 
-event: response.in_progress
-data: {"type":"response.in_progress","sequence_number":1,"response":{"id":"resp_67c","object":"response","created_at":1741290958,"status":"in_progress","model":"gpt-4.1-2025-04-14","output":[],"usage":null}}
-
-"#;
-
-    const HELLO: &str = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"id":"msg_67c","type":"message","status":"in_progress","role":"assistant","content":[]}}
-
-event: response.content_part.added
-data: {"type":"response.content_part.added","sequence_number":3,"item_id":"msg_67c","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_67c","output_index":0,"content_index":0,"delta":"Hel","logprobs":[]}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","sequence_number":5,"item_id":"msg_67c","output_index":0,"content_index":0,"delta":"lo","logprobs":[]}
-
-event: response.output_text.done
-data: {"type":"response.output_text.done","sequence_number":6,"item_id":"msg_67c","output_index":0,"content_index":0,"text":"Hello","logprobs":[]}
-
-event: response.content_part.done
-data: {"type":"response.content_part.done","sequence_number":7,"item_id":"msg_67c","output_index":0,"content_index":0,"part":{"type":"output_text","text":"Hello","annotations":[]}}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","sequence_number":8,"output_index":0,"item":{"id":"msg_67c","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]}}
-
-"#;
+    const HELLO: &str = include_str!("fixtures/responses/hello.sse");
 
     const HELLO_COMPLETED: &str = r#"event: response.completed
 data: {"type":"response.completed","sequence_number":9,"response":{"id":"resp_67c","object":"response","created_at":1741290958,"status":"completed","model":"gpt-4.1-2025-04-14","output":[{"id":"msg_67c","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":37,"input_tokens_details":{"cached_tokens":12},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48}}}
@@ -1035,40 +1008,8 @@ data: {"type":"response.completed","sequence_number":9,"response":{"id":"resp_67
 
     #[test]
     fn reasoning_then_text_are_two_blocks_in_order() {
-        let wire = r#"event: response.created
-data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}
-
-event: response.output_item.added
-data: {"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[]}}
-
-event: response.reasoning_summary_part.added
-data: {"type":"response.reasoning_summary_part.added","sequence_number":2,"item_id":"rs_1","output_index":0,"summary_index":0,"part":{"type":"summary_text","text":""}}
-
-event: response.reasoning_summary_text.delta
-data: {"type":"response.reasoning_summary_text.delta","sequence_number":3,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":"**Adding** two "}
-
-event: response.reasoning_summary_text.delta
-data: {"type":"response.reasoning_summary_text.delta","sequence_number":4,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":"numbers"}
-
-event: response.reasoning_summary_text.done
-data: {"type":"response.reasoning_summary_text.done","sequence_number":5,"item_id":"rs_1","output_index":0,"summary_index":0,"text":"**Adding** two numbers"}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","sequence_number":6,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"**Adding** two numbers"}]}}
-
-event: response.output_item.added
-data: {"type":"response.output_item.added","sequence_number":7,"output_index":1,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","sequence_number":8,"item_id":"msg_1","output_index":1,"content_index":0,"delta":"4"}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","sequence_number":9,"output_index":1,"item":{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"4","annotations":[]}]}}
-
-event: response.completed
-data: {"type":"response.completed","sequence_number":10,"response":{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":20,"input_tokens_details":{"cached_tokens":0},"output_tokens":90,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":110}}}
-
-"#;
+        let wire =
+            include_str!("fixtures/responses/reasoning_then_text_are_two_blocks_in_order.sse");
         let (chunks, assembler) = assemble(wire);
         assert_eq!(
             chunks,
@@ -1108,25 +1049,9 @@ data: {"type":"response.completed","sequence_number":10,"response":{"id":"resp_1
 
     #[test]
     fn raw_reasoning_text_from_servers_that_show_it_is_reasoning_too() {
-        let wire = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":0,"item":{"id":"rs_2","type":"reasoning","summary":[],"content":[]}}
-
-event: response.reasoning_text.delta
-data: {"type":"response.reasoning_text.delta","item_id":"rs_2","output_index":0,"content_index":0,"delta":"think"}
-
-event: response.reasoning_text.done
-data: {"type":"response.reasoning_text.done","item_id":"rs_2","output_index":0,"content_index":0,"text":"think"}
-
-event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":1,"item":{"id":"msg_2","type":"message","role":"assistant","content":[]}}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","item_id":"msg_2","output_index":1,"content_index":0,"delta":"done"}
-
-event: response.completed
-data: {"type":"response.completed","response":{"id":"resp_2","status":"completed","usage":null}}
-
-"#;
+        let wire = include_str!(
+            "fixtures/responses/raw_reasoning_text_from_servers_that_show_it_is_reasoning_too.sse"
+        );
         let (chunks, assembler) = assemble(wire);
         assert_eq!(
             assembler.blocks(),
@@ -1143,40 +1068,7 @@ data: {"type":"response.completed","response":{"id":"resp_2","status":"completed
         assert_eq!(chunks.last(), Some(&finish(FinishReason::Stop)));
     }
 
-    const PARALLEL_CALLS: &str = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"id":"fc_12345xyz","type":"function_call","status":"in_progress","arguments":"","call_id":"call_12345xyz","name":"get_weather"}}
-
-event: response.output_item.added
-data: {"type":"response.output_item.added","sequence_number":3,"output_index":1,"item":{"id":"fc_67890abc","type":"function_call","status":"in_progress","arguments":"","call_id":"call_67890abc","name":"read_file"}}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","sequence_number":4,"item_id":"fc_12345xyz","output_index":0,"delta":"{\"loca"}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","sequence_number":5,"item_id":"fc_67890abc","output_index":1,"delta":"{\"path\":"}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","sequence_number":6,"item_id":"fc_12345xyz","output_index":0,"delta":"tion\":\"Paris\"}"}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","sequence_number":7,"item_id":"fc_67890abc","output_index":1,"delta":"\"a.txt\"}"}
-
-event: response.function_call_arguments.done
-data: {"type":"response.function_call_arguments.done","sequence_number":8,"item_id":"fc_12345xyz","output_index":0,"arguments":"{\"location\":\"Paris\"}"}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","sequence_number":9,"output_index":0,"item":{"id":"fc_12345xyz","type":"function_call","status":"completed","arguments":"{\"location\":\"Paris\"}","call_id":"call_12345xyz","name":"get_weather"}}
-
-event: response.function_call_arguments.done
-data: {"type":"response.function_call_arguments.done","sequence_number":10,"item_id":"fc_67890abc","output_index":1,"arguments":"{\"path\":\"a.txt\"}"}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","sequence_number":11,"output_index":1,"item":{"id":"fc_67890abc","type":"function_call","status":"completed","arguments":"{\"path\":\"a.txt\"}","call_id":"call_67890abc","name":"read_file"}}
-
-event: response.completed
-data: {"type":"response.completed","sequence_number":12,"response":{"id":"resp_3","object":"response","status":"completed","output":[],"usage":{"input_tokens":80,"input_tokens_details":{"cached_tokens":0},"output_tokens":40,"total_tokens":120}}}
-
-"#;
+    const PARALLEL_CALLS: &str = include_str!("fixtures/responses/parallel_calls.sse");
 
     #[test]
     fn parallel_calls_with_interleaved_split_arguments_each_keep_a_block_and_their_call_id() {
@@ -1215,16 +1107,9 @@ data: {"type":"response.completed","sequence_number":12,"response":{"id":"resp_3
 
     #[test]
     fn argument_deltas_naming_their_call_only_by_item_id_find_it() {
-        let wire = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":0,"item":{"id":"fc_1","type":"function_call","arguments":"","call_id":"call_1","name":"ls"}}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","item_id":"fc_1","delta":"{}"}
-
-event: response.completed
-data: {"type":"response.completed","response":{"status":"completed"}}
-
-"#;
+        let wire = include_str!(
+            "fixtures/responses/argument_deltas_naming_their_call_only_by_item_id_find_it.sse"
+        );
         let (chunks, assembler) = assemble(wire);
         assert_eq!(chunks[1], call_delta(0, "call_1", Some("ls"), "{}"));
         assert_eq!(assembler.blocks(), vec![call("call_1", "ls", "{}")]);
@@ -1338,25 +1223,9 @@ event: {name}\ndata: {{\"type\":\"{name}\",\"response\":{response}}}\n\n"
 
     #[test]
     fn a_refusal_is_an_error_finish_with_the_refusal_as_its_message() {
-        let wire = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_r","type":"message","role":"assistant","content":[]}}
-
-event: response.content_part.added
-data: {"type":"response.content_part.added","item_id":"msg_r","output_index":0,"content_index":0,"part":{"type":"refusal","refusal":""}}
-
-event: response.refusal.delta
-data: {"type":"response.refusal.delta","item_id":"msg_r","output_index":0,"content_index":0,"delta":"I can't help"}
-
-event: response.refusal.done
-data: {"type":"response.refusal.done","item_id":"msg_r","output_index":0,"content_index":0,"refusal":"I can't help with that."}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","output_index":0,"item":{"id":"msg_r","type":"message","role":"assistant","content":[{"type":"refusal","refusal":"I can't help with that."}]}}
-
-event: response.completed
-data: {"type":"response.completed","response":{"status":"completed","usage":{"input_tokens":3,"output_tokens":6}}}
-
-"#;
+        let wire = include_str!(
+            "fixtures/responses/a_refusal_is_an_error_finish_with_the_refusal_as_its_message.sse"
+        );
         let (chunks, assembler) = assemble(wire);
         let FinishReason::Error(failure) = assembler.finish() else {
             panic!("an error finish");
@@ -1369,25 +1238,7 @@ data: {"type":"response.completed","response":{"status":"completed","usage":{"in
 
     #[test]
     fn a_max_tokens_stop_drops_the_partial_call() {
-        let wire = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":0,"item":{"id":"msg_m","type":"message","role":"assistant","content":[]}}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","item_id":"msg_m","output_index":0,"content_index":0,"delta":"Let me look."}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","output_index":0,"item":{"id":"msg_m","type":"message","role":"assistant","content":[{"type":"output_text","text":"Let me look.","annotations":[]}]}}
-
-event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":1,"item":{"id":"fc_m","type":"function_call","status":"in_progress","arguments":"","call_id":"call_m","name":"grep"}}
-
-event: response.function_call_arguments.delta
-data: {"type":"response.function_call_arguments.delta","item_id":"fc_m","output_index":1,"delta":"{\"pattern\":\"fo"}
-
-event: response.incomplete
-data: {"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"id":"msg_m","type":"message","role":"assistant","content":[{"type":"output_text","text":"Let me look.","annotations":[]}]},{"id":"fc_m","type":"function_call","status":"incomplete","arguments":"{\"pattern\":\"fo","call_id":"call_m","name":"grep"}],"usage":{"input_tokens":50,"output_tokens":64}}}
-
-"#;
+        let wire = include_str!("fixtures/responses/a_max_tokens_stop_drops_the_partial_call.sse");
         let (chunks, assembler) = assemble(wire);
         assert_eq!(assembler.finish(), FinishReason::MaxTokens);
         assert_eq!(assembler.blocks(), vec![ContentBlock::text("Let me look.")]);
@@ -1589,22 +1440,8 @@ data: {"response":{"status":"completed","output":[{"id":"rs","type":"reasoning",
 
     #[test]
     fn a_message_with_two_text_parts_has_two_blocks() {
-        let wire = r#"event: response.output_item.added
-data: {"type":"response.output_item.added","output_index":0,"item":{"id":"m","type":"message","role":"assistant","content":[]}}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":0,"delta":"one"}
-
-event: response.output_text.delta
-data: {"type":"response.output_text.delta","item_id":"m","output_index":0,"content_index":1,"delta":"two"}
-
-event: response.output_item.done
-data: {"type":"response.output_item.done","output_index":0,"item":{"id":"m","type":"message","role":"assistant","content":[{"type":"output_text","text":"one"},{"type":"output_text","text":"two"}]}}
-
-event: response.completed
-data: {"type":"response.completed","response":{"status":"completed"}}
-
-"#;
+        let wire =
+            include_str!("fixtures/responses/a_message_with_two_text_parts_has_two_blocks.sse");
         let (chunks, assembler) = assemble(wire);
         assert_eq!(
             assembler.blocks(),

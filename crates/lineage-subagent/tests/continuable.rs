@@ -13,9 +13,9 @@ use lineage_log::{
 };
 use lineage_subagent::tools::ReportSetup;
 use lineage_subagent::{
-    Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, SpawnProvider,
-    StopReason,
+    Authority, ContinuableRequest, ErrorCode, Lifecycle, ListingRow, ReportDelivery, StopReason,
 };
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 
 fn is_notice(source: &MessageSource) -> bool {
@@ -29,18 +29,12 @@ fn is_report(source: &MessageSource) -> bool {
 #[tokio::test(start_paused = true)]
 async fn a_started_child_runs_settles_and_its_idle_parent_gets_one_notice_turn() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.model("worker")
-        .push([Response::text("the answer is 42").gated(&gate)]);
+    let gate = gated_text(&h.model("worker"), "the answer is 42");
     h.parent_model().push([Response::text("noted")]);
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
     let (_, mut life) = listen(&h.runtime);
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "find the answer"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "find the answer").await;
     // Accepted, resident, and announced by `subagent/start` before any model request.
     assert!(h.runtime.is_resident(started.child));
     assert!(
@@ -100,11 +94,7 @@ async fn a_busy_parent_gets_the_notice_at_its_next_step_without_a_new_turn() {
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
     parent.followup(user("do your own work")).unwrap();
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "help"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "help").await;
     text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
     assert_eq!(parent.status(), AgentStatus::Running);
     parent_gate.open();
@@ -133,27 +123,12 @@ async fn followups_queue_in_order_in_the_same_activation_and_the_caller_gets_ids
     h.parent_model().push([Response::text("ok")]);
     let parent = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "one"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "one").await;
     let child = h.agents.get(started.child).unwrap();
     assert_eq!(drain(&mut life).len(), 1, "subagent/start");
     h.model("worker").wait_for_requests(1).await;
-    let cancel = Cancellation::new();
-    let coordinator = MessageSource::Coordinator {
-        sender: parent.id(),
-    };
     for text in ["two", "three"] {
-        h.runtime
-            .followup(
-                &parent,
-                started.child,
-                vec![ContentBlock::text(text)],
-                coordinator.clone(),
-                &cancel,
-            )
+        send(&h.runtime, &parent, started.child, text)
             .await
             .unwrap();
     }
@@ -178,25 +153,10 @@ async fn an_interrupt_keeps_queued_work_parked_until_the_next_send_which_runs_it
     h.parent_model().push([Response::text("ok")]);
     let parent = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "one"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "one").await;
     let child = h.agents.get(started.child).unwrap();
     h.model("worker").wait_for_requests(1).await;
-    let cancel = Cancellation::new();
-    let source = MessageSource::Coordinator {
-        sender: parent.id(),
-    };
-    h.runtime
-        .followup(
-            &parent,
-            started.child,
-            vec![ContentBlock::text("two")],
-            source.clone(),
-            &cancel,
-        )
+    send(&h.runtime, &parent, started.child, "two")
         .await
         .unwrap();
     h.runtime
@@ -219,14 +179,7 @@ async fn an_interrupt_keeps_queued_work_parked_until_the_next_send_which_runs_it
     assert_eq!(h.model("worker").requests().len(), 1);
     assert!(h.runtime.is_resident(started.child));
     assert!(Arc::ptr_eq(&h.agents.get(started.child).unwrap(), &child));
-    h.runtime
-        .followup(
-            &parent,
-            started.child,
-            vec![ContentBlock::text("three")],
-            source,
-            &cancel,
-        )
+    send(&h.runtime, &parent, started.child, "three")
         .await
         .unwrap();
     settled(&h.runtime, &mut life, started.child).await;
@@ -240,16 +193,8 @@ async fn interrupt_authority_is_checked_and_absent_targets_are_accepted_no_ops()
     h.model("a").push([Response::hang()]);
     h.model("b").push([Response::hang()]);
     let parent = h.parent().await;
-    let a = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "a", "a"))
-        .await
-        .unwrap();
-    let b = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "b", "b"))
-        .await
-        .unwrap();
+    let a = spawn_continuable(&h.runtime, &parent, "a", "a").await;
+    let b = spawn_continuable(&h.runtime, &parent, "b", "b").await;
     let agent_a = h.agents.get(a.child).unwrap();
     // A sibling is neither parent nor ancestor.
     let sibling = h
@@ -309,35 +254,15 @@ async fn a_waiting_child_is_woken_in_the_same_activation() {
         .push([Response::text("ok"), Response::text("ok")]);
     let parent = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
-    let a = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "a", "start b"))
-        .await
-        .unwrap();
+    let a = spawn_continuable(&h.runtime, &parent, "a", "start b").await;
     let agent_a = h.agents.get(a.child).unwrap();
-    let b = h
-        .runtime
-        .start_continuable("spawn", continuable(&agent_a, "b", "work"))
-        .await
-        .unwrap();
+    let b = spawn_continuable(&h.runtime, &agent_a, "b", "work").await;
     assert_eq!(h.agents.get(b.child).unwrap().delegation_depth(), 2);
     a_gate.open();
     within(agent_a.when_idle()).await;
     // A finished its turn but owns B: it waits, resident, same agent.
     assert!(h.runtime.is_resident(a.child));
-    let source = MessageSource::Coordinator {
-        sender: parent.id(),
-    };
-    h.runtime
-        .followup(
-            &parent,
-            a.child,
-            vec![ContentBlock::text("more")],
-            source,
-            &Cancellation::new(),
-        )
-        .await
-        .unwrap();
+    send(&h.runtime, &parent, a.child, "more").await.unwrap();
     within(agent_a.when_idle()).await;
     assert!(Arc::ptr_eq(&h.agents.get(a.child).unwrap(), &agent_a));
     assert_eq!(user_texts(&agent_a.events()), ["start b", "more"]);
@@ -377,11 +302,7 @@ async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
         .push([Response::text("thanks"), Response::text("ok")]);
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "go"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "go").await;
     let report = text_lines(&inbox_inserted(&mut parent_events, is_report).await);
     assert_eq!(
         report,
@@ -440,11 +361,7 @@ async fn quiet_reports_wait_in_the_parent_without_waking_it() {
     ]);
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "go"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "go").await;
     text_lines(&inbox_inserted(&mut parent_events, is_report).await);
     assert_eq!(parent.status(), AgentStatus::Idle);
     assert!(parent.has_pending());
@@ -460,56 +377,51 @@ async fn start_refusals_leave_no_activation_no_agent_and_no_session() {
     let h = Harness::new();
     let parent = h.parent().await;
     let before = h.footprint();
-    let no_provider = h
-        .runtime
-        .start_continuable("nope", continuable(&parent, "w", "x"))
-        .await;
-    assert_eq!(refusal(no_provider).code(), ErrorCode::NoProvider);
     let canned = CannedProvider::new("remote", lineage_subagent::Capabilities::ALL);
     h.runtime.register_provider(canned).unwrap();
-    let not_continuable = h
-        .runtime
-        .start_continuable("remote", continuable(&parent, "w", "x"))
-        .await;
-    assert_eq!(
-        refusal(not_continuable).code(),
-        ErrorCode::UnsupportedCapability
-    );
-    let too_deep = h
-        .runtime
-        .start_continuable(
+    let cancelled = Cancellation::new();
+    cancelled.cancel(AbortCause::User);
+    let request = || continuable(&parent, "w", "x");
+    let cases = [
+        ("no provider", "nope", request(), ErrorCode::NoProvider),
+        (
+            "a provider without continuation",
+            "remote",
+            request(),
+            ErrorCode::UnsupportedCapability,
+        ),
+        (
+            "too deep",
             "spawn",
             ContinuableRequest {
                 max_depth: Some(0),
-                ..continuable(&parent, "w", "x")
+                ..request()
             },
-        )
-        .await;
-    assert_eq!(refusal(too_deep).code(), ErrorCode::DepthExceeded);
-    let cancel = Cancellation::new();
-    cancel.cancel(AbortCause::User);
-    let cancelled = h
-        .runtime
-        .start_continuable(
+            ErrorCode::DepthExceeded,
+        ),
+        (
+            "cancelled",
             "spawn",
             ContinuableRequest {
-                cancel,
-                ..continuable(&parent, "w", "x")
+                cancel: cancelled,
+                ..request()
             },
-        )
-        .await;
-    assert_eq!(refusal(cancelled).code(), ErrorCode::Cancelled);
-    let taken = h
-        .runtime
-        .start_continuable(
+            ErrorCode::Cancelled,
+        ),
+        (
+            "a taken child id",
             "spawn",
             ContinuableRequest {
                 child: Some(parent.id()),
-                ..continuable(&parent, "w", "x")
+                ..request()
             },
-        )
-        .await;
-    assert_eq!(refusal(taken).code(), ErrorCode::DuplicateChild);
+            ErrorCode::DuplicateChild,
+        ),
+    ];
+    for (case, provider, request, code) in cases {
+        let refused = h.runtime.start_continuable(provider, request).await;
+        assert_eq!(refusal(refused).code(), code, "{case}");
+    }
     assert_eq!(h.footprint(), before);
     assert!(
         h.runtime
@@ -526,41 +438,15 @@ async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_ar
     h.model("worker").push([Response::hang()]);
     let parent = h.parent().await;
     let stranger = h.parent().await;
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "x"))
-        .await
-        .unwrap();
-    let source = MessageSource::Coordinator {
-        sender: stranger.id(),
-    };
-    let cancel = Cancellation::new();
-    let not_parent = h
-        .runtime
-        .followup(
-            &stranger,
-            started.child,
-            vec![ContentBlock::text("hi")],
-            source.clone(),
-            &cancel,
-        )
-        .await;
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "x").await;
+    let not_parent = send(&h.runtime, &stranger, started.child, "hi").await;
     let error = refusal(not_parent);
     assert_eq!(error.code(), ErrorCode::Unauthorized);
     assert!(
         error.to_string().contains("another parent session"),
         "{error}"
     );
-    let unknown = h
-        .runtime
-        .followup(
-            &parent,
-            SessionId::new(),
-            vec![ContentBlock::text("hi")],
-            source.clone(),
-            &cancel,
-        )
-        .await;
+    let unknown = send(&h.runtime, &parent, SessionId::new(), "hi").await;
     assert_eq!(refusal(unknown).code(), ErrorCode::NotResumable);
     // A one-shot child, settled: it has no continuation state.
     h.child_model().push([Response::text("once")]);
@@ -571,16 +457,7 @@ async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_ar
         .unwrap();
     run.result().await.unwrap();
     run.dispose().await.unwrap();
-    let one_shot = h
-        .runtime
-        .followup(
-            &parent,
-            run.id(),
-            vec![ContentBlock::text("again")],
-            source,
-            &cancel,
-        )
-        .await;
+    let one_shot = send(&h.runtime, &parent, run.id(), "again").await;
     let error = refusal(one_shot);
     assert_eq!(error.code(), ErrorCode::NotResumable);
     assert!(error.to_string().contains("do not"), "{error}");
@@ -595,18 +472,12 @@ async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host.lineage");
     let (parent_id, child_id) = {
-        let (router, agents, runtime) = reopen(&path);
-        runtime
-            .register_provider(Arc::new(SpawnProvider::new()))
-            .unwrap();
+        let (router, agents, runtime) = reopen_with_spawn(&path);
         router
             .model("worker")
             .push([Response::text("first answer")]);
         router.model(PARENT).push([Response::text("ok")]);
-        let parent = agents
-            .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
-            .await
-            .unwrap();
+        let parent = fresh_parent(&agents).await;
         parent
             .record(SandboxMode {
                 mode: "read-only".into(),
@@ -625,8 +496,7 @@ async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone(
         let started = runtime.start_continuable("spawn", request).await.unwrap();
         settled(&runtime, &mut life, started.child).await;
         within(parent.when_idle()).await;
-        runtime.drain().await.unwrap();
-        agents.dispose_all().await;
+        shut_down(&runtime, &agents).await;
         (parent.id(), started.child)
     };
     // A new process: the provider is not registered.
@@ -636,20 +506,9 @@ async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone(
         .model("worker")
         .push([Response::text("second answer")]);
     router.model(PARENT).push([Response::text("ok")]);
-    let parent = agents
-        .resume(parent_id, parent_spec(Vec::new()))
-        .await
-        .unwrap();
+    let parent = resumed_parent(&agents, parent_id).await;
     let (_, mut life) = listen(&runtime);
-    let source = MessageSource::Coordinator { sender: parent_id };
-    runtime
-        .followup(
-            &parent,
-            child_id,
-            vec![ContentBlock::text("audit again")],
-            source,
-            &Cancellation::new(),
-        )
+    send(&runtime, &parent, child_id, "audit again")
         .await
         .unwrap();
     let child = agents.get(child_id).expect("the child is live again");
@@ -707,22 +566,10 @@ async fn drains_tear_down_resident_children_leave_them_loadable_and_close_admiss
     h.model("c").push([Response::hang()]);
     let left = h.parent().await;
     let right = h.parent().await;
-    let a = h
-        .runtime
-        .start_continuable("spawn", continuable(&left, "a", "x"))
-        .await
-        .unwrap();
+    let a = spawn_continuable(&h.runtime, &left, "a", "x").await;
     let agent_a = h.agents.get(a.child).unwrap();
-    let b = h
-        .runtime
-        .start_continuable("spawn", continuable(&agent_a, "b", "y"))
-        .await
-        .unwrap();
-    let c = h
-        .runtime
-        .start_continuable("spawn", continuable(&right, "c", "z"))
-        .await
-        .unwrap();
+    let b = spawn_continuable(&h.runtime, &agent_a, "b", "y").await;
+    let c = spawn_continuable(&h.runtime, &right, "c", "z").await;
     within(h.runtime.drain_descendants(std::slice::from_ref(&left)))
         .await
         .unwrap();
@@ -754,11 +601,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
     h.model("b").push([Response::text("b done")]);
     h.child_model().push([Response::text("one-shot done")]);
     let parent = h.parent().await;
-    let a = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "a", "x"))
-        .await
-        .unwrap();
+    let a = spawn_continuable(&h.runtime, &parent, "a", "x").await;
     let agent_a = h.agents.get(a.child).unwrap();
     let run = h
         .runtime
@@ -767,11 +610,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
         .unwrap();
     run.result().await.unwrap();
     run.dispose().await.unwrap();
-    let b = h
-        .runtime
-        .start_continuable("spawn", continuable(&agent_a, "b", "y"))
-        .await
-        .unwrap();
+    let b = spawn_continuable(&h.runtime, &agent_a, "b", "y").await;
     let children = h
         .runtime
         .list_children(parent.id(), &lineage_agent::Cancellation::new())
@@ -817,9 +656,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
 #[tokio::test(start_paused = true)]
 async fn a_notice_landing_while_the_parent_runs_turn_after_turn_is_claimed_without_another_wake() {
     let h = Harness::new();
-    let child_gate = Gate::new();
-    h.model("worker")
-        .push([Response::text("child answer").gated(&child_gate)]);
+    let child_gate = gated_text(&h.model("worker"), "child answer");
     // The child is released while the parent answers its first turn, so it settles while the
     // parent closes that turn and opens the next one.
     let release = child_gate.clone();
@@ -834,11 +671,7 @@ async fn a_notice_landing_while_the_parent_runs_turn_after_turn_is_claimed_witho
     ]);
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "go"))
-        .await
-        .unwrap();
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "go").await;
     parent.followup(user("one")).unwrap();
     parent.followup(user("two")).unwrap();
     text_lines(&inbox_inserted(&mut parent_events, is_notice).await);

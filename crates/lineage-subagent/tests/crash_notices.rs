@@ -13,6 +13,7 @@ use lineage_agent::{Agent, AgentSpec, Response, ScriptedCall, ToolOutput};
 use lineage_log::{EventBody, InboxTarget, Message, MessageSource, SessionId, TurnEndReason};
 use lineage_store::Store;
 use lineage_subagent::Host;
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use tokio::sync::mpsc;
 
@@ -53,17 +54,11 @@ async fn crashed_store(dir: &Path) -> (PathBuf, SessionId, SessionId, SessionId)
     // The lead works a turn first, as a parent delegating from its own turn would have.
     router.script(PARENT, [Response::text("two jobs to start")]);
     host.run(&lead, "survey and index the files").await.unwrap();
-    let a = host
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "a", "survey the files"))
+    let a = spawn_continuable(&host.subagents, &lead, "a", "survey the files")
         .await
-        .unwrap()
         .child;
-    let b = host
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "b", "index them"))
+    let b = spawn_continuable(&host.subagents, &lead, "b", "index them")
         .await
-        .unwrap()
         .child;
     // Both are mid-turn, and everything up to here is durable: the log is flushed before a
     // model request and before tools run.
@@ -252,19 +247,13 @@ async fn a_cold_resumed_child_is_told_once_of_its_own_child_a_crash_stopped() {
             .await
             .unwrap();
         host.run(&lead, "survey the files").await.unwrap();
-        let a = host
-            .subagents
-            .start_continuable("spawn", continuable(&lead, "a", "survey them"))
+        let a = spawn_continuable(&host.subagents, &lead, "a", "survey them")
             .await
-            .unwrap()
             .child;
         within(router.model("a").wait_for_requests(1)).await;
         let a_agent = host.agents.get(a).expect("a is resident");
-        let a1 = host
-            .subagents
-            .start_continuable("spawn", continuable(&a_agent, "a1", "the first half"))
+        let a1 = spawn_continuable(&host.subagents, &a_agent, "a1", "the first half")
             .await
-            .unwrap()
             .child;
         within(router.model("a1").wait_for_requests(1)).await;
         std::fs::copy(&live, &crashed).expect("the store file is copied");

@@ -6,11 +6,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use lineage_agent::{Cancellation, CreateAgent, Response};
-use lineage_log::{AbortCause, ContentBlock, MessageSource, SessionId};
+use lineage_agent::{Cancellation, Response};
+use lineage_log::{AbortCause, SessionId};
 use lineage_subagent::{
     ContinuableRequest, ContinuableSetup, ErrorCode, Installed, SubagentRuntime,
 };
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 
 /// Fires the armed cancellation when it is installed in a child, that is while the child is
@@ -41,11 +42,7 @@ async fn settled_child() -> (
     h.runtime.register_continuable_setup(setup.clone());
     h.router.model(CHILD).push([Response::text("done")]);
     h.router.model(PARENT).push([Response::text("ok")]);
-    let parent = h
-        .agents
-        .create(CreateAgent::fresh(parent_spec(Vec::new())))
-        .await
-        .unwrap();
+    let parent = fresh_parent(&h.agents).await;
     let (_, mut life) = listen(&h.runtime);
     let request = ContinuableRequest {
         agent_options: child_options(),
@@ -79,18 +76,7 @@ async fn a_followup_cancelled_while_its_child_is_resumed_is_refused_with_the_cau
         reason: "the host is closing".into(),
     };
     *setup.armed.lock().unwrap() = Some((cancel.clone(), cause.clone()));
-    let sent = h
-        .runtime
-        .followup(
-            &parent,
-            child,
-            vec![ContentBlock::text("again")],
-            MessageSource::Coordinator {
-                sender: parent.id(),
-            },
-            &cancel,
-        )
-        .await;
+    let sent = send_cancellable(&h.runtime, &parent, child, "again", &cancel).await;
     let error = refusal(sent);
     assert_followup_cancelled(&error, child, &cause);
     assert!(setup.armed.lock().unwrap().is_none(), "the resume ran");
@@ -109,18 +95,7 @@ async fn a_followup_cancelled_before_it_is_sent_is_refused_with_the_cause() {
     // Armed with another cause: if the resume started, the error would say that one.
     let other = Cancellation::new();
     *setup.armed.lock().unwrap() = Some((other.clone(), AbortCause::Parent));
-    let sent = h
-        .runtime
-        .followup(
-            &parent,
-            child,
-            vec![ContentBlock::text("again")],
-            MessageSource::Coordinator {
-                sender: parent.id(),
-            },
-            &cancel,
-        )
-        .await;
+    let sent = send_cancellable(&h.runtime, &parent, child, "again", &cancel).await;
     let error = refusal(sent);
     assert_followup_cancelled(&error, child, &AbortCause::User);
     assert!(

@@ -7,13 +7,12 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{
-    Agents, BoxFuture, Cancellation, HookError, Hooks, PreStep, PreStepDecision, Response,
-};
-use lineage_log::{ContentBlock, MessageSource, SessionId, TurnEndReason};
+use lineage_agent::{Agents, BoxFuture, HookError, Hooks, PreStep, PreStepDecision, Response};
+use lineage_log::{MessageSource, SessionId, TurnEndReason};
 use lineage_subagent::{
-    ContinuableRequest, ContinuableSetup, Installed, SpawnProvider, StopReason, SubagentRuntime,
+    ContinuableRequest, ContinuableSetup, Installed, StopReason, SubagentRuntime,
 };
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 
 /// Refuses any step whose input mentions "forbidden".
@@ -45,17 +44,8 @@ impl ContinuableSetup for GatekeeperSetup {
 
 /// A host over the store at `path`: spawn registered, the gatekeeper contributed.
 fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
-    let (router, agents, runtime) = bare_host(path);
+    let (router, agents, runtime) = reopen_with_spawn(path);
     runtime.register_continuable_setup(Arc::new(GatekeeperSetup));
-    (router, agents, runtime)
-}
-
-/// A host over the store at `path` with spawn registered and no contribution.
-fn bare_host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
-    let (router, agents, runtime) = reopen(path);
-    runtime
-        .register_provider(Arc::new(SpawnProvider::new()))
-        .unwrap();
     (router, agents, runtime)
 }
 
@@ -82,19 +72,10 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
     let (parent_id, child) = {
         let (router, agents, runtime) = host(&path);
         router.model(PARENT).push([Response::text("ok")]);
-        let parent = agents
-            .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
-            .await
-            .unwrap();
+        let parent = fresh_parent(&agents).await;
         let (_, mut life) = listen(&runtime);
-        let request = ContinuableRequest {
-            agent_options: lineage_subagent::ChildOptions {
-                model: Some("worker".into()),
-                ..Default::default()
-            },
-            ..ContinuableRequest::new(parent.clone(), "gated job", "do the forbidden thing")
-        };
-        let started = runtime.start_continuable("spawn", request).await.unwrap();
+        let started =
+            spawn_continuable(&runtime, &parent, "worker", "do the forbidden thing").await;
         assert_eq!(
             stop_of(&child_end(&mut life, started.child).await),
             StopReason::Refusal
@@ -109,8 +90,7 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
             notices.iter().any(|n| n.contains("declined")),
             "the parent hears that the child declined: {notices:?}"
         );
-        runtime.drain().await.unwrap();
-        agents.dispose_all().await;
+        shut_down(&runtime, &agents).await;
         (parent.id(), started.child)
     };
 
@@ -120,33 +100,19 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
         .model(PARENT)
         .push([Response::text("ok"), Response::text("ok")]);
     router.model("worker").push([Response::text("done it")]);
-    let parent = agents
-        .resume(parent_id, parent_spec(Vec::new()))
+    let parent = resumed_parent(&agents, parent_id).await;
+    let (_, mut life) = listen(&runtime);
+    send(&runtime, &parent, child, "now the forbidden part")
         .await
         .unwrap();
-    let (_, mut life) = listen(&runtime);
-    let source = MessageSource::Coordinator { sender: parent_id };
-    let send = |text: &'static str| {
-        let (runtime, parent, source) = (runtime.clone(), parent.clone(), source.clone());
-        async move {
-            runtime
-                .followup(
-                    &parent,
-                    child,
-                    vec![ContentBlock::text(text)],
-                    source,
-                    &Cancellation::new(),
-                )
-                .await
-        }
-    };
-    send("now the forbidden part").await.unwrap();
     assert_eq!(
         stop_of(&child_end(&mut life, child).await),
         StopReason::Refusal
     );
     assert!(router.model("worker").requests().is_empty());
-    send("now something fine").await.unwrap();
+    send(&runtime, &parent, child, "now something fine")
+        .await
+        .unwrap();
     assert_eq!(
         stop_of(&child_end(&mut life, child).await),
         StopReason::Completed
@@ -163,32 +129,24 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
         ]
     );
     assert_balanced(&events);
-    runtime.drain().await.unwrap();
-    agents.dispose_all().await;
+    shut_down(&runtime, &agents).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
     let dir = tempfile::tempdir().unwrap();
-    let (router, agents, runtime) = bare_host(&dir.path().join("host.lineage"));
+    let (router, agents, runtime) = reopen_with_spawn(&dir.path().join("host.lineage"));
     router.model(PARENT).push([
         Response::text("ok"),
         Response::text("ok"),
         Response::text("ok"),
     ]);
     router.model("worker").push([Response::text("done it")]);
-    let parent = agents
-        .create(lineage_agent::CreateAgent::fresh(parent_spec(Vec::new())))
-        .await
-        .unwrap();
+    let parent = fresh_parent(&agents).await;
     let (_, mut life) = listen(&runtime);
     let request = ContinuableRequest {
-        agent_options: lineage_subagent::ChildOptions {
-            model: Some("worker".into()),
-            ..Default::default()
-        },
         hooks: Some(Arc::new(Gatekeeper)),
-        ..ContinuableRequest::new(parent.clone(), "gated job", "the forbidden thing")
+        ..continuable(&parent, "worker", "the forbidden thing")
     };
     let child = runtime
         .start_continuable("spawn", request)
@@ -204,18 +162,7 @@ async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
         ("the forbidden thing, again", StopReason::Refusal),
         ("something fine", StopReason::Completed),
     ] {
-        runtime
-            .followup(
-                &parent,
-                child,
-                vec![ContentBlock::text(text)],
-                MessageSource::Coordinator {
-                    sender: parent.id(),
-                },
-                &Cancellation::new(),
-            )
-            .await
-            .unwrap();
+        send(&runtime, &parent, child, text).await.unwrap();
         assert_eq!(stop_of(&child_end(&mut life, child).await), stop, "{text}");
     }
     assert_eq!(router.model("worker").requests().len(), 1);
@@ -225,6 +172,5 @@ async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
         .filter(|n| n.contains("declined"))
         .count();
     assert_eq!(declined, 2, "one declined notice per refused epoch");
-    runtime.drain().await.unwrap();
-    agents.dispose_all().await;
+    shut_down(&runtime, &agents).await;
 }

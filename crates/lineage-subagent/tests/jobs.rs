@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{Agent, Gate, INVALID_ARGUMENTS, Response, Tool};
+use lineage_agent::{Agent, INVALID_ARGUMENTS, Response, Tool};
 use lineage_log::MessageSource;
 use lineage_subagent::tools::{JobKillTool, JobOutputTool, SubagentTool, SubagentToolConfig};
 use lineage_subagent::{ErrorCode, JobId, JobOutcome};
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use serde_json::json;
 
@@ -61,9 +62,7 @@ async fn turns_done(agent: &Arc<Agent>, n: usize) {
 #[tokio::test(start_paused = true)]
 async fn a_background_job_returns_its_id_at_once_and_its_owner_collects_the_result() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("the survey is done").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "the survey is done");
     h.parent_model().push([
         call(
             "c1",

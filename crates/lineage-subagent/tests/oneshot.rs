@@ -20,6 +20,7 @@ use lineage_subagent::{
     ForkProvider, Lifecycle, STRUCTURED_OUTPUT, SpawnProvider, StartRequest, StopReason,
     SubagentError, SubagentRun, SubagentRuntime,
 };
+use lineage_testkit::continuation::*;
 use lineage_testkit::running_digests;
 use lineage_testkit::subagent::*;
 use serde_json::json;
@@ -179,9 +180,7 @@ async fn a_start_naming_no_registered_provider_is_refused_with_no_provider() {
 #[tokio::test(start_paused = true)]
 async fn a_removed_provider_refuses_new_starts_while_its_running_child_finishes() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("finished anyway").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "finished anyway");
     let parent = h.parent().await;
     let run = within(h.runtime.start("spawn", request(&parent, "long task")))
         .await
@@ -1222,9 +1221,7 @@ async fn a_second_structured_result_is_refused_and_the_first_is_kept() {
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_request_aborts_the_child_with_cause_parent() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("too late").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "too late");
     let parent = h.parent().await;
     let start = request(&parent, "task");
     let cancel = start.cancel.clone();
@@ -1251,9 +1248,7 @@ async fn cancelling_the_request_aborts_the_child_with_cause_parent() {
 #[tokio::test(start_paused = true)]
 async fn disposing_a_run_cancels_a_working_child_and_releases_it() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("too late").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "too late");
     let parent = h.parent().await;
     let run = within(h.runtime.start("spawn", request(&parent, "task")))
         .await

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{Cancellation, Response};
-use lineage_log::{ContentBlock, MessageSource, TurnEndReason};
+use lineage_agent::Response;
+use lineage_log::TurnEndReason;
 use lineage_subagent::StopReason;
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use tokio::sync::Notify;
 
@@ -35,12 +36,7 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
     let (_, mut life) = listen(&h.runtime);
-    let started = within(
-        h.runtime
-            .start_continuable("spawn", continuable(&parent, WORKER, "do the job")),
-    )
-    .await
-    .unwrap();
+    let started = within(spawn_continuable(&h.runtime, &parent, WORKER, "do the job")).await;
 
     let text = text_blocks(&settled_notice(&mut parent_events).await);
     assert_eq!(
@@ -66,17 +62,9 @@ async fn a_continuable_child_whose_model_panics_settles_failed_and_its_parent_is
     );
 
     // The settled child takes the next message and runs a normal turn.
-    within(h.runtime.followup(
-        &parent,
-        started.child,
-        vec![ContentBlock::text("try again")],
-        MessageSource::Coordinator {
-            sender: parent.id(),
-        },
-        &Cancellation::new(),
-    ))
-    .await
-    .unwrap();
+    within(send(&h.runtime, &parent, started.child, "try again"))
+        .await
+        .unwrap();
     let text = text_blocks(&settled_notice(&mut parent_events).await);
     assert_eq!(
         text[0],
@@ -111,12 +99,7 @@ async fn a_continuable_child_whose_model_panics_does_not_hold_up_a_drain() {
     })]);
     let parent = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
-    let started = within(
-        h.runtime
-            .start_continuable("spawn", continuable(&parent, WORKER, "do the job")),
-    )
-    .await
-    .unwrap();
+    let started = within(spawn_continuable(&h.runtime, &parent, WORKER, "do the job")).await;
     // The drain starts once the child's model has panicked.
     within(asked.notified()).await;
     within(h.runtime.drain()).await.unwrap();

@@ -4,11 +4,9 @@
 //!
 //! Deterministic: time is paused and the tests wait on the runtime's own lifecycle events.
 
-use std::sync::Arc;
-
-use lineage_agent::{Cancellation, CreateAgent, ModelRequest, Response};
-use lineage_log::{ContentBlock, MessageSource};
-use lineage_subagent::{ChildOptions, ContinuableRequest, SpawnProvider};
+use lineage_agent::{ModelRequest, Response};
+use lineage_subagent::{ChildOptions, ContinuableRequest};
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 
 /// Starts a continuable child with `options` (its model is `worker`), lets it settle, restarts
@@ -18,16 +16,10 @@ async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, Mode
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host.lineage");
     let (parent_id, child_id, before) = {
-        let (router, agents, runtime) = reopen(&path);
-        runtime
-            .register_provider(Arc::new(SpawnProvider::new()))
-            .unwrap();
+        let (router, agents, runtime) = reopen_with_spawn(&path);
         router.model("worker").push([Response::text("first")]);
         router.model(PARENT).push([Response::text("ok")]);
-        let parent = agents
-            .create(CreateAgent::fresh(parent_spec(Vec::new())))
-            .await
-            .unwrap();
+        let parent = fresh_parent(&agents).await;
         let (_, mut life) = listen(&runtime);
         let request = ContinuableRequest {
             agent_options: options,
@@ -36,34 +28,20 @@ async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, Mode
         let started = runtime.start_continuable("spawn", request).await.unwrap();
         child_end(&mut life, started.child).await;
         within(parent.when_idle()).await;
-        runtime.drain().await.unwrap();
-        agents.dispose_all().await;
+        shut_down(&runtime, &agents).await;
         let before = router.model("worker").requests().remove(0);
         (parent.id(), started.child, before)
     };
     let (router, agents, runtime) = reopen(&path);
     router.model("worker").push([Response::text("second")]);
     router.model(PARENT).push([Response::text("ok")]);
-    let parent = agents
-        .resume(parent_id, parent_spec(Vec::new()))
-        .await
-        .unwrap();
+    let parent = resumed_parent(&agents, parent_id).await;
     let (_, mut life) = listen(&runtime);
-    runtime
-        .followup(
-            &parent,
-            child_id,
-            vec![ContentBlock::text("again")],
-            MessageSource::Coordinator { sender: parent_id },
-            &Cancellation::new(),
-        )
-        .await
-        .unwrap();
+    send(&runtime, &parent, child_id, "again").await.unwrap();
     within(router.model("worker").wait_for_requests(1)).await;
     let after = router.model("worker").requests().remove(0);
     child_end(&mut life, child_id).await;
-    runtime.drain().await.unwrap();
-    agents.dispose_all().await;
+    shut_down(&runtime, &agents).await;
     (before, after)
 }
 

@@ -45,6 +45,7 @@ use lineage_subagent::{
     ReportDelivery, SubagentError,
 };
 use lineage_testkit::SplitMix64;
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::task::JoinHandle;
@@ -1068,16 +1069,9 @@ async fn a_drained_child_is_not_woken_into_a_new_turn_by_its_own_childs_notice()
     h.parent_model().push((0..4).map(|_| Response::text("ok")));
     let root = h.parent().await;
     let (_, mut life) = listen(&h.runtime);
-    let a = h
-        .runtime
-        .start_continuable("spawn", continuable(&root, "a", "start b"))
-        .await
-        .unwrap();
+    let a = spawn_continuable(&h.runtime, &root, "a", "start b").await;
     let agent_a = h.agents.get(a.child).unwrap();
-    h.runtime
-        .start_continuable("spawn", continuable(&agent_a, "b", "work"))
-        .await
-        .unwrap();
+    spawn_continuable(&h.runtime, &agent_a, "b", "work").await;
     within(agent_a.when_idle()).await;
     // A is waiting on B; its parent tears it down, B first.
     assert!(h.runtime.is_resident(a.child));

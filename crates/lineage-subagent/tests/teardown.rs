@@ -6,10 +6,13 @@
 //!
 //! Deterministic: time is paused and child models are held by gates.
 
+use std::sync::Arc;
+
 use lineage_agent::{Agent, Diagnostic, DiagnosticKind, Gate, RegistryEvent, Response};
 use lineage_log::{ApprovalPolicy, Event, EventBody, PolicySource};
 use lineage_store::StoreError;
-use lineage_subagent::{ErrorCode, Lifecycle, StopReason};
+use lineage_subagent::{ContinuableStarted, ErrorCode, Lifecycle, StopReason};
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -43,24 +46,29 @@ async fn end_of(life: &mut UnboundedReceiver<Lifecycle>) -> StopReason {
     .await
 }
 
+/// Starts a continuable child of `parent` asking the `worker` model, and returns it once its first
+/// request waits for the returned gate, which releases the answer `answer`.
+async fn child_waiting(
+    h: &Harness,
+    parent: &Arc<Agent>,
+    answer: &str,
+) -> (ContinuableStarted, Arc<Agent>, Gate) {
+    let gate = gated_text(&h.model("worker"), answer);
+    let started = spawn_continuable(&h.runtime, parent, "worker", "work").await;
+    let child = h.agents.get(started.child).expect("the child is live");
+    h.model("worker").wait_for_requests(1).await;
+    (started, child, gate)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_settled_child_whose_final_flush_fails_settles_failed_with_the_failed_notice() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.model("worker")
-        .push([Response::text("the answer is 42").gated(&gate)]);
     h.parent_model().push([Response::text("noted")]);
     let parent = h.parent().await;
     let mut parent_events = parent.subscribe();
     let mut watch = h.agents.subscribe();
     let (_, mut life) = listen(&h.runtime);
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "work"))
-        .await
-        .unwrap();
-    let child = h.agents.get(started.child).expect("the child is live");
-    h.model("worker").wait_for_requests(1).await;
+    let (started, child, gate) = child_waiting(&h, &parent, "the answer is 42").await;
     broken_disk(&child);
     gate.open();
 
@@ -106,17 +114,8 @@ async fn a_settled_child_whose_final_flush_fails_settles_failed_with_the_failed_
 #[tokio::test(start_paused = true)]
 async fn a_drain_reports_activation_teardown_failed_when_a_childs_disposal_fails() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.model("worker")
-        .push([Response::text("never sent").gated(&gate)]);
     let parent = h.parent().await;
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "work"))
-        .await
-        .unwrap();
-    let child = h.agents.get(started.child).expect("the child is live");
-    h.model("worker").wait_for_requests(1).await;
+    let (started, child, _gate) = child_waiting(&h, &parent, "never sent").await;
     broken_disk(&child);
     let error = refusal(within(h.runtime.drain()).await);
     assert_eq!(error.code(), ErrorCode::ActivationTeardownFailed);
@@ -132,18 +131,10 @@ async fn a_drain_reports_activation_teardown_failed_when_a_childs_disposal_fails
 #[tokio::test(start_paused = true)]
 async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.model("worker")
-        .push([Response::text("the answer is 42").gated(&gate)]);
     let parent = h.parent().await;
     let mut watch = h.agents.subscribe();
     let (_, mut life) = listen(&h.runtime);
-    let started = h
-        .runtime
-        .start_continuable("spawn", continuable(&parent, "worker", "work"))
-        .await
-        .unwrap();
-    h.model("worker").wait_for_requests(1).await;
+    let (started, _, gate) = child_waiting(&h, &parent, "the answer is 42").await;
     // Another writer appends to the parent's session behind its back: the parent's next append
     // (the notice) is refused by the store.
     let seq = parent.events().len() as u64;
@@ -177,9 +168,7 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
 #[tokio::test(start_paused = true)]
 async fn a_one_shot_run_whose_final_flush_fails_keeps_its_result_and_fails_its_disposal() {
     let h = Harness::new();
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("the answer is 42").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "the answer is 42");
     let parent = h.parent().await;
     let run = within(h.runtime.start("spawn", request(&parent, "task")))
         .await

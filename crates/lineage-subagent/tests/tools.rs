@@ -25,6 +25,7 @@ use lineage_subagent::{
     Capabilities, ChildOptions, ContinuableRequest, DiagnosticReason, ErrorCode, Lifecycle,
     ListingRow, ReportDelivery, SpawnProvider, StartRequest,
 };
+use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{self};
@@ -105,9 +106,7 @@ fn continuable_spawn_tool(h: &Harness) -> Arc<SubagentTool> {
 async fn the_subagent_tool_starts_a_continuable_child_and_returns_its_id_at_once() {
     let h = Harness::new();
     let tool = continuable_spawn_tool(&h);
-    let gate = Gate::new();
-    h.child_model()
-        .push([Response::text("the survey is done").gated(&gate)]);
+    let gate = gated_text(&h.child_model(), "the survey is done");
     h.parent_model().push([
         call(
             "c1",
@@ -476,9 +475,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     h.model("a").push([Response::hang()]);
     let a = start(&h, continuable(&parent, "a", "do a")).await;
     // b: idle between turns, waiting on its own child c (running).
-    let b_gate = Gate::new();
-    h.model("b")
-        .push([Response::text("b waits for c").gated(&b_gate)]);
+    let b_gate = gated_text(&h.model("b"), "b waits for c");
     h.model("c").push([Response::hang()]);
     let b = start(&h, continuable(&parent, "b", "do b")).await;
     let agent_b = h.agents.get(b).unwrap();

@@ -29,6 +29,8 @@
 pub mod agent;
 mod arb;
 mod build;
+#[cfg(feature = "subagent")]
+pub mod continuation;
 pub mod ev;
 #[cfg(feature = "loopback")]
 pub mod loopback;

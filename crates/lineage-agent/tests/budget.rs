@@ -15,11 +15,17 @@ fn looping(n: usize) -> Vec<Response> {
         .collect()
 }
 
-fn with_budget(budget: Budget) -> AgentSpec {
+/// `spec` held to `budget`.
+fn budgeted(budget: Budget, spec: AgentSpec) -> AgentSpec {
     AgentSpec {
         budget: Some(budget),
-        ..spec_with_tools(vec![echo()])
+        ..spec
     }
+}
+
+/// A spec with the `echo` tool, held to `budget`.
+fn with_budget(budget: Budget) -> AgentSpec {
+    budgeted(budget, spec_with_tools(vec![echo()]))
 }
 
 /// The budget end of the last turn of `events`, asserting there is one.
@@ -68,10 +74,7 @@ async fn a_request_limit_stops_a_looping_model_before_the_request_past_it() {
 async fn a_turn_limit_lets_its_turns_run_and_parks_the_next_prompt_unasked() {
     let h = Harness::new([Response::text("one"), Response::text("two")]);
     let agent = h
-        .agent_with(AgentSpec {
-            budget: Some(Budget::agent().turns(2)),
-            ..spec()
-        })
+        .agent_with(budgeted(Budget::agent().turns(2), spec()))
         .await;
     run_turn(&agent, "first").await;
     run_turn(&agent, "second").await;
@@ -95,10 +98,7 @@ async fn an_output_token_limit_is_checked_before_each_request() {
     // Scripted text reports one output token per character.
     let h = Harness::new([Response::text("twelve chars"), Response::text("never")]);
     let agent = h
-        .agent_with(AgentSpec {
-            budget: Some(Budget::agent().output_tokens(10)),
-            ..spec()
-        })
+        .agent_with(budgeted(Budget::agent().output_tokens(10), spec()))
         .await;
     run_turn(&agent, "talk").await;
     assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
@@ -122,10 +122,10 @@ async fn a_wall_clock_limit_stops_the_step_after_it_passes() {
         Response::text("never"),
     ]);
     let agent = h
-        .agent_with(AgentSpec {
-            budget: Some(Budget::agent().wall(Duration::from_secs(60))),
-            ..spec_with_tools(vec![slow])
-        })
+        .agent_with(budgeted(
+            Budget::agent().wall(Duration::from_secs(60)),
+            spec_with_tools(vec![slow]),
+        ))
         .await;
     run_turn(&agent, "go slowly").await;
     assert_eq!(h.model.requests().len(), 1);

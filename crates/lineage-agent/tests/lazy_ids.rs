@@ -1,7 +1,11 @@
 //! An agent that never wrote anything holds no durable session: disposing of it frees its id, and
 //! a fork of it inherits nothing. An agent that wrote keeps its id.
 
-use lineage_agent::{AgentError, Seed};
+mod common;
+
+use common::fork_of;
+
+use lineage_agent::AgentError;
 use lineage_log::{EventBody, EventKind, Header, PolicySource, SessionId, SessionLineage};
 use lineage_store::StoreError;
 use lineage_testkit::agent::*;
@@ -104,13 +108,11 @@ async fn a_fork_of_an_agent_that_never_wrote_inherits_nothing() {
     let h = Harness::new([]);
     let parent = h.agent().await;
     let child_id = SessionId::new();
-    let mut create = fresh_with_id(child_id);
-    create.seed = Seed::Fork {
-        parent: parent.id(),
-        boundary: None,
-        delegation_depth: 1,
-    };
-    let child = h.agents.create(create).await.unwrap();
+    let child = h
+        .agents
+        .create(fork_of(child_id, parent.id(), 1))
+        .await
+        .unwrap();
     let events = child.events();
     assert_eq!(events.len(), 1);
     match &events[0].body {

@@ -1,6 +1,10 @@
 //! The registry: create with rollback, the exact live `Arc`, memoized disposal, resume from the
 //! store with numbering continued and restored work left parked, and fork seeds.
 
+mod common;
+
+use common::fork_of;
+
 use std::sync::Arc;
 
 use lineage_agent::{AgentError, AgentSpec, AgentStatus, CreateAgent, Response, Seed};
@@ -284,14 +288,12 @@ async fn a_fork_seed_inherits_completed_turns_but_not_the_parents_inbox() {
     parent.inject(user("parent's pending context")).unwrap();
     h.store.flush(parent.id()).unwrap();
     let child_id = SessionId::new();
-    let mut create = fresh_with_id(child_id);
-    create.seed = Seed::Fork {
-        parent: parent.id(),
-        boundary: None,
-        delegation_depth: 1,
-    };
     // The parent's log now ends with a splice outside any turn: the whole log is balanced.
-    let child = h.agents.create(create).await.unwrap();
+    let child = h
+        .agents
+        .create(fork_of(child_id, parent.id(), 1))
+        .await
+        .unwrap();
     let seed_len = parent.events().len();
     assert_eq!(child.events()[..seed_len], parent.events()[..]);
     assert!(
@@ -331,13 +333,11 @@ async fn the_runtime_depth_option_never_lowers_a_stored_depth() {
     let parent = h.agent().await;
     parent.followup(user("a turn to fork")).unwrap();
     parent.when_idle().await;
-    let mut create = fresh_with_id(SessionId::new());
-    create.seed = Seed::Fork {
-        parent: parent.id(),
-        boundary: None,
-        delegation_depth: 2,
-    };
-    let child = h.agents.create(create).await.unwrap();
+    let child = h
+        .agents
+        .create(fork_of(SessionId::new(), parent.id(), 2))
+        .await
+        .unwrap();
     let id = child.id();
     child.dispose().await;
     let mut low = spec();

@@ -6,11 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Parent, body_has};
-use lineage_log::ContentBlock;
+use common::{Parent, assert_answered, assert_completed, body_has, serve};
 use lineage_products::{ClaudeCodeConfig, ClaudeCodeProvider, PermissionMode};
 use lineage_subagent::{ErrorCode, StartRequest, StopReason};
-use lineage_testkit::loopback::{LoopbackServer, Reply, anthropic};
+use lineage_testkit::loopback::{Reply, anthropic};
 
 fn provider(config: ClaudeCodeConfig) -> Arc<ClaudeCodeProvider> {
     Arc::new(ClaudeCodeProvider::new(config))
@@ -18,24 +17,13 @@ fn provider(config: ClaudeCodeConfig) -> Arc<ClaudeCodeProvider> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
-    let server = LoopbackServer::start([anthropic::text("Paris is the capital.")])
-        .await
-        .unwrap();
+    let server = serve([anthropic::text("Paris is the capital.")]).await;
     let parent = Parent::new().await;
     let task = "Name the capital of France.";
     let result = parent
         .delegate(provider(parent.claude(&server)), task)
         .await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
-    assert_eq!(
-        result.output,
-        vec![ContentBlock::text("Paris is the capital.")]
-    );
+    assert_answered(&result, "Paris is the capital.");
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
     assert!(
@@ -53,25 +41,15 @@ async fn claude_code_reads_a_file_itself_then_answers() {
     let notes = parent.work().join("notes.txt");
     std::fs::write(&notes, "the-secret-word\n").unwrap();
     let read = serde_json::json!({ "file_path": notes }).to_string();
-    let server = LoopbackServer::start([
+    let server = serve([
         anthropic::tool_call("toolu_1", "Read", &read),
         anthropic::text("The note says the-secret-word."),
     ])
-    .await
-    .unwrap();
+    .await;
     let result = parent
         .delegate(provider(parent.claude(&server)), "What does notes.txt say?")
         .await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
-    assert_eq!(
-        result.output,
-        vec![ContentBlock::text("The note says the-secret-word.")]
-    );
+    assert_answered(&result, "The note says the-secret-word.");
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     assert!(body_has(&requests[1], "tool_result"));
@@ -84,24 +62,18 @@ async fn claude_code_reads_a_file_itself_then_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permission_request_is_denied_unattended_and_claude_code_goes_on() {
     let touch = r#"{"command":"touch denied.txt","description":"Create a file"}"#;
-    let server = LoopbackServer::start([
+    let server = serve([
         anthropic::tool_call("toolu_1", "Bash", touch),
         anthropic::text("I was not allowed to."),
     ])
-    .await
-    .unwrap();
+    .await;
     let parent = Parent::new().await;
     let mut config = parent.claude(&server);
     config.permission_mode = PermissionMode::Ask;
     let result = parent
         .delegate(provider(config), "Create denied.txt.")
         .await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
+    assert_completed(&result);
     assert!(
         !parent.work().join("denied.txt").exists(),
         "a denied command ran"
@@ -116,12 +88,11 @@ async fn a_permission_request_is_denied_unattended_and_claude_code_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_failure_is_an_error_with_its_category_and_message() {
-    let server = LoopbackServer::start([Reply::status(
+    let server = serve([Reply::status(
         500,
         anthropic::error_body("api_error", "it broke"),
     )])
-    .await
-    .unwrap();
+    .await;
     let parent = Parent::new().await;
     let result = parent
         .delegate(provider(parent.claude(&server)), "A task.")
@@ -142,9 +113,7 @@ async fn the_turn_limit_ends_a_run_as_a_budget() {
     let notes = parent.work().join("notes.txt");
     std::fs::write(&notes, "words\n").unwrap();
     let read = serde_json::json!({ "file_path": notes }).to_string();
-    let server = LoopbackServer::start([anthropic::tool_call("toolu_1", "Read", &read)])
-        .await
-        .unwrap();
+    let server = serve([anthropic::tool_call("toolu_1", "Read", &read)]).await;
     let mut config = parent.claude(&server);
     config.max_turns = Some(1);
     let result = parent
@@ -170,7 +139,7 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
     let stalled = Reply::Stall {
         body: anthropic::Script::new().body(),
     };
-    let server = LoopbackServer::start([stalled]).await.unwrap();
+    let server = serve([stalled]).await;
     let parent = Parent::new().await;
     let provider = provider(parent.claude(&server));
     parent.cancel_mid_turn(provider, &server).await;
@@ -178,7 +147,7 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_time_option_is_refused_before_a_process_starts() {
-    let server = LoopbackServer::start([]).await.unwrap();
+    let server = serve([]).await;
     let parent = Parent::new().await;
     let error = parent
         .start(provider(parent.claude(&server)), "A task.", |r| {
@@ -196,7 +165,7 @@ async fn a_start_time_option_is_refused_before_a_process_starts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_fails_names_its_stage_and_what_the_process_told() {
-    let server = LoopbackServer::start([]).await.unwrap();
+    let server = serve([]).await;
     let parent = Parent::new().await;
     let mut config = parent.claude(&server);
     config.process.program = "/bin/sh".into();

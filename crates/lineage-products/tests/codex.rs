@@ -6,11 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Parent, body_has, requests_reach};
-use lineage_log::ContentBlock;
+use common::{Parent, assert_answered, assert_completed, body_has, requests_reach, serve};
 use lineage_products::{ApprovalPolicy, CodexConfig, CodexProvider, SandboxMode};
 use lineage_subagent::{ErrorCode, JobOutcome, StartRequest, StopReason};
-use lineage_testkit::loopback::{LoopbackServer, Reply, responses};
+use lineage_testkit::loopback::{Reply, responses};
 
 fn provider(config: CodexConfig) -> Arc<CodexProvider> {
     Arc::new(CodexProvider::new(config))
@@ -18,22 +17,11 @@ fn provider(config: CodexConfig) -> Arc<CodexProvider> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
-    let server = LoopbackServer::start([responses::text("Paris is the capital.")])
-        .await
-        .unwrap();
+    let server = serve([responses::text("Paris is the capital.")]).await;
     let parent = Parent::new().await;
     let task = "Name the capital of France.";
     let result = parent.delegate(provider(parent.codex(&server)), task).await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
-    assert_eq!(
-        result.output,
-        vec![ContentBlock::text("Paris is the capital.")]
-    );
+    assert_answered(&result, "Paris is the capital.");
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].path, "/v1/responses");
@@ -43,26 +31,16 @@ async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_runs_a_command_itself_then_answers() {
     let command = r#"{"cmd":"echo codex-was-here > proof.txt && cat proof.txt"}"#;
-    let server = LoopbackServer::start([
+    let server = serve([
         responses::tool_call("call_1", "exec_command", command),
         responses::text("I wrote proof.txt."),
     ])
-    .await
-    .unwrap();
+    .await;
     let parent = Parent::new().await;
     let mut config = parent.codex(&server);
     config.sandbox = SandboxMode::DangerFullAccess;
     let result = parent.delegate(provider(config), "Write proof.txt.").await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
-    assert_eq!(
-        result.output,
-        vec![ContentBlock::text("I wrote proof.txt.")]
-    );
+    assert_answered(&result, "I wrote proof.txt.");
     let proof = std::fs::read_to_string(parent.work().join("proof.txt")).unwrap();
     assert_eq!(proof, "codex-was-here\n");
     let requests = server.requests();
@@ -77,12 +55,11 @@ async fn codex_runs_a_command_itself_then_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
     let command = r#"{"cmd":"touch declined.txt"}"#;
-    let server = LoopbackServer::start([
+    let server = serve([
         responses::tool_call("call_1", "exec_command", command),
         responses::text("I was not allowed to touch it."),
     ])
-    .await
-    .unwrap();
+    .await;
     let parent = Parent::new().await;
     let mut config = parent.codex(&server);
     config.approval_policy = ApprovalPolicy::Untrusted;
@@ -90,12 +67,7 @@ async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
     let result = parent
         .delegate(provider(config), "Touch declined.txt.")
         .await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::Completed,
-        "{:?}",
-        result.diagnostic
-    );
+    assert_completed(&result);
     assert!(
         !parent.work().join("declined.txt").exists(),
         "a declined command ran"
@@ -111,12 +83,11 @@ async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_failures_keep_their_category() {
     let too_long = responses::error_body("context_length_exceeded", "too many tokens");
-    let server = LoopbackServer::start([
+    let server = serve([
         Reply::status(400, too_long),
         Reply::status(500, responses::error_body("server_error", "it broke")),
     ])
-    .await
-    .unwrap();
+    .await;
     let parent = Parent::new().await;
     let result = parent
         .delegate(provider(parent.codex(&server)), "A long task.")
@@ -145,7 +116,7 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
     let stalled = Reply::Stall {
         body: responses::Script::new().body(),
     };
-    let server = LoopbackServer::start([stalled]).await.unwrap();
+    let server = serve([stalled]).await;
     let parent = Parent::new().await;
     let provider = provider(parent.codex(&server));
     parent.cancel_mid_turn(provider, &server).await;
@@ -153,7 +124,7 @@ async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_time_option_is_refused_before_a_process_starts() {
-    let server = LoopbackServer::start([]).await.unwrap();
+    let server = serve([]).await;
     let parent = Parent::new().await;
     let error = parent
         .start(provider(parent.codex(&server)), "A task.", |r| {
@@ -171,9 +142,7 @@ async fn a_start_time_option_is_refused_before_a_process_starts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_job_is_started_peeked_awaited_and_killed() {
-    let server = LoopbackServer::start([responses::text("Job done.")])
-        .await
-        .unwrap();
+    let server = serve([responses::text("Job done.")]).await;
     let parent = Parent::new().await;
     let runtime = &parent.host.subagents;
     runtime
@@ -218,7 +187,7 @@ async fn a_background_job_is_started_peeked_awaited_and_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_fails_names_its_stage_and_what_the_process_told() {
-    let server = LoopbackServer::start([]).await.unwrap();
+    let server = serve([]).await;
     let parent = Parent::new().await;
     let mut config = parent.codex(&server);
     config.process.program = "/bin/sh".into();

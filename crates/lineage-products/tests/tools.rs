@@ -6,19 +6,17 @@ mod common;
 
 use std::sync::Arc;
 
-use common::Parent;
+use common::{Parent, serve};
 use lineage_agent::{AgentSpec, Response, ScriptedModel};
 use lineage_products::{ClaudeCodeProvider, CodexProvider};
 use lineage_subagent::tools::SubagentToolConfig;
-use lineage_testkit::loopback::{LoopbackServer, responses};
+use lineage_testkit::loopback::responses;
 use lineage_testkit::subagent::{assert_ok, call, offered, tool_names, tool_results};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_sees_four_delegation_tools_and_runs_codex_as_a_background_job() {
-    let server = LoopbackServer::start([responses::text("Codex says hello.")])
-        .await
-        .unwrap();
+    let server = serve([responses::text("Codex says hello.")]).await;
     let model = ScriptedModel::new([
         call(
             "c1",

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lineage_agent::{Agent, AgentSpec, Cancellation, CreateAgent, ScriptedModel};
-use lineage_log::AbortCause;
+use lineage_log::{AbortCause, ContentBlock};
 use lineage_products::{ClaudeCodeConfig, CodexConfig, ProcessConfig};
 use lineage_store::Store;
 use lineage_subagent::{
     Host, Provider, StartRequest, StopReason, SubagentError, SubagentResult, SubagentRun,
 };
-use lineage_testkit::loopback::{LoopbackServer, Recorded};
+use lineage_testkit::loopback::{LoopbackServer, Recorded, Reply};
 use lineage_testkit::products::{processes_with_env, products};
 use tempfile::TempDir;
 
@@ -226,4 +226,27 @@ pub async fn requests_reach(server: &LoopbackServer, count: usize) -> Vec<Record
 /// their own).
 pub fn body_has(request: &Recorded, needle: &str) -> bool {
     String::from_utf8_lossy(&request.body).contains(needle)
+}
+
+/// Asserts that `result` completed, showing its diagnostic if it did not.
+pub fn assert_completed(result: &SubagentResult) {
+    assert_eq!(
+        result.stop_reason,
+        StopReason::Completed,
+        "{:?}",
+        result.diagnostic
+    );
+}
+
+/// Asserts that `result` completed with the single text block `text` as its output.
+pub fn assert_answered(result: &SubagentResult, text: &str) {
+    assert_completed(result);
+    assert_eq!(result.output, vec![ContentBlock::text(text)]);
+}
+
+/// A loopback model server answering from `replies`, in order.
+pub async fn serve(replies: impl IntoIterator<Item = Reply>) -> LoopbackServer {
+    LoopbackServer::start(replies)
+        .await
+        .expect("the loopback server starts")
 }

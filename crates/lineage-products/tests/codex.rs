@@ -4,28 +4,19 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{Parent, assert_answered, assert_completed, body_has, requests_reach, serve};
-use lineage_products::{ApprovalPolicy, CodexConfig, CodexProvider, SandboxMode};
-use lineage_subagent::{ErrorCode, JobOutcome, StartRequest, StopReason};
+use common::{
+    Parent, Product, answered_task, assert_answered, assert_told_after_the_call, cancel_mid_turn,
+    diagnostic, refused_command, refuses_option, requests_reach, run_shell, serve,
+    shell_start_failure,
+};
+use lineage_products::{ApprovalPolicy, CodexConfig, SandboxMode};
+use lineage_subagent::{JobOutcome, StartRequest, StopReason};
 use lineage_testkit::loopback::{Reply, responses};
-
-fn provider(config: CodexConfig) -> Arc<CodexProvider> {
-    Arc::new(CodexProvider::new(config))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_reaches_the_model_and_its_answer_completes_the_run() {
-    let server = serve([responses::text("Paris is the capital.")]).await;
-    let parent = Parent::new().await;
-    let task = "Name the capital of France.";
-    let result = parent.delegate(provider(parent.codex(&server)), task).await;
-    assert_answered(&result, "Paris is the capital.");
-    let requests = server.requests();
-    assert_eq!(requests.len(), 1);
-    assert_eq!(requests[0].path, "/v1/responses");
-    assert!(body_has(&requests[0], "Name the capital of France."));
+    let request = answered_task::<CodexConfig>(responses::text("Paris is the capital.")).await;
+    assert_eq!(request.path, "/v1/responses");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,47 +28,31 @@ async fn codex_runs_a_command_itself_then_answers() {
     ])
     .await;
     let parent = Parent::new().await;
-    let mut config = parent.codex(&server);
-    config.sandbox = SandboxMode::DangerFullAccess;
-    let result = parent.delegate(provider(config), "Write proof.txt.").await;
+    let config = CodexConfig {
+        sandbox: SandboxMode::DangerFullAccess,
+        ..parent.codex(&server)
+    };
+    let result = parent.delegate(config.provider(), "Write proof.txt.").await;
     assert_answered(&result, "I wrote proof.txt.");
     let proof = std::fs::read_to_string(parent.work().join("proof.txt")).unwrap();
     assert_eq!(proof, "codex-was-here\n");
-    let requests = server.requests();
-    assert_eq!(requests.len(), 2);
-    assert!(body_has(&requests[1], "function_call_output"));
-    assert!(
-        body_has(&requests[1], "codex-was-here"),
-        "the command's output went back"
-    );
+    // The command's output went back.
+    assert_told_after_the_call(&server, &["function_call_output", "codex-was-here"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_request_is_declined_unattended_and_codex_goes_on() {
-    let command = r#"{"cmd":"touch declined.txt"}"#;
-    let server = serve([
-        responses::tool_call("call_1", "exec_command", command),
+    let replies = [
+        responses::tool_call("call_1", "exec_command", r#"{"cmd":"touch declined.txt"}"#),
         responses::text("I was not allowed to touch it."),
-    ])
-    .await;
-    let parent = Parent::new().await;
-    let mut config = parent.codex(&server);
-    config.approval_policy = ApprovalPolicy::Untrusted;
-    config.sandbox = SandboxMode::ReadOnly;
-    let result = parent
-        .delegate(provider(config), "Touch declined.txt.")
-        .await;
-    assert_completed(&result);
-    assert!(
-        !parent.work().join("declined.txt").exists(),
-        "a declined command ran"
-    );
-    let requests = server.requests();
-    assert_eq!(requests.len(), 2);
-    assert!(
-        body_has(&requests[1], "rejected"),
-        "the model heard of the refusal"
-    );
+    ];
+    let untrusted = |config| CodexConfig {
+        approval_policy: ApprovalPolicy::Untrusted,
+        sandbox: SandboxMode::ReadOnly,
+        ..config
+    };
+    let task = "Touch declined.txt.";
+    refused_command(replies, "declined.txt", task, "rejected", untrusted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,21 +65,14 @@ async fn codex_failures_keep_their_category() {
     .await;
     let parent = Parent::new().await;
     let result = parent
-        .delegate(provider(parent.codex(&server)), "A long task.")
+        .delegate(parent.codex(&server).provider(), "A long task.")
         .await;
-    assert_eq!(
-        result.stop_reason,
-        StopReason::MaxTokens,
-        "{:?}",
-        result.diagnostic
-    );
-    let diagnostic = result.diagnostic.unwrap();
-    assert!(diagnostic.contains("contextWindowExceeded"), "{diagnostic}");
+    let too_long = diagnostic(result, StopReason::MaxTokens);
+    assert!(too_long.contains("contextWindowExceeded"), "{too_long}");
     let result = parent
-        .delegate(provider(parent.codex(&server)), "Another task.")
+        .delegate(parent.codex(&server).provider(), "Another task.")
         .await;
-    assert_eq!(result.stop_reason, StopReason::Error);
-    let diagnostic = result.diagnostic.unwrap();
+    let diagnostic = diagnostic(result, StopReason::Error);
     assert!(
         diagnostic.starts_with("Codex (codex) failed (internalServerError)"),
         "{diagnostic}"
@@ -113,31 +81,7 @@ async fn codex_failures_keep_their_category() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_mid_turn_settles_aborted_and_leaves_no_process() {
-    let stalled = Reply::Stall {
-        body: responses::Script::new().body(),
-    };
-    let server = serve([stalled]).await;
-    let parent = Parent::new().await;
-    let provider = provider(parent.codex(&server));
-    parent.cancel_mid_turn(provider, &server).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_time_option_is_refused_before_a_process_starts() {
-    let server = serve([]).await;
-    let parent = Parent::new().await;
-    let error = parent
-        .start(provider(parent.codex(&server)), "A task.", |r| {
-            StartRequest {
-                output_schema: Some(serde_json::json!({ "type": "object" })),
-                ..r
-            }
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(error.code(), ErrorCode::UnsupportedCapability, "{error}");
-    assert_eq!(parent.survivors(), Vec::<u32>::new());
-    assert!(server.requests().is_empty());
+    cancel_mid_turn::<CodexConfig>(responses::Script::new().body()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,7 +90,7 @@ async fn a_background_job_is_started_peeked_awaited_and_killed() {
     let parent = Parent::new().await;
     let runtime = &parent.host.subagents;
     runtime
-        .register_provider(provider(parent.codex(&server)))
+        .register_provider(parent.codex(&server).provider())
         .unwrap();
     let owner = parent.agent.id();
     let request = |task: &str| StartRequest::new(parent.agent.clone(), task);
@@ -186,37 +130,31 @@ async fn a_background_job_is_started_peeked_awaited_and_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_time_option_is_refused_before_a_process_starts() {
+    refuses_option::<CodexConfig>(|r| StartRequest {
+        output_schema: Some(serde_json::json!({ "type": "object" })),
+        ..r
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_fails_names_its_stage_and_what_the_process_told() {
+    let script = "echo starting up; echo oops >&2; exit 3";
+    let told = ["exit status: 3", "\"starting up\"", "oops"];
+    shell_start_failure(
+        |config: &mut CodexConfig| run_shell(&mut config.process, script),
+        "Codex (codex)",
+        &told,
+    )
+    .await;
+
     let server = serve([]).await;
     let parent = Parent::new().await;
     let mut config = parent.codex(&server);
-    config.process.program = "/bin/sh".into();
-    config.process.args = vec![
-        "-c".into(),
-        "echo starting up; echo oops >&2; exit 3".into(),
-    ];
-    let error = parent
-        .start(provider(config), "A task.", |r| r)
-        .await
-        .unwrap_err();
-    assert_eq!(error.code(), ErrorCode::AgentFailure);
-    let message = error.message();
-    assert!(
-        message.starts_with("Codex (codex) failed at stage initialize"),
-        "{message}"
-    );
-    assert!(message.contains("exit status: 3"), "{message}");
-    assert!(message.contains("\"starting up\""), "{message}");
-    assert!(message.contains("oops"), "{message}");
-
-    let mut config = parent.codex(&server);
     config.name = "missing".into();
     config.process.program = "/nonexistent/codex".into();
-    let error = parent
-        .start(provider(config), "A task.", |r| r)
-        .await
-        .unwrap_err();
+    let error = parent.failed_start(config.provider()).await;
     assert!(error.message().contains("stage spawn"), "{error}");
     assert!(error.message().contains("/nonexistent/codex"), "{error}");
-    assert_eq!(parent.survivors(), Vec::<u32>::new());
 }

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use lineage_agent::{Agent, AgentSpec, Cancellation, CreateAgent, ScriptedModel};
 use lineage_log::{AbortCause, ContentBlock};
-use lineage_products::{ClaudeCodeConfig, CodexConfig, ProcessConfig};
+use lineage_products::{
+    ClaudeCodeConfig, ClaudeCodeProvider, CodexConfig, CodexProvider, ProcessConfig,
+};
 use lineage_store::Store;
 use lineage_subagent::{
-    Host, Provider, StartRequest, StopReason, SubagentError, SubagentResult, SubagentRun,
+    ErrorCode, Host, Provider, StartRequest, StopReason, SubagentError, SubagentResult, SubagentRun,
 };
 use lineage_testkit::loopback::{LoopbackServer, Recorded, Reply};
 use lineage_testkit::products::{processes_with_env, products};
@@ -91,64 +93,14 @@ impl Parent {
         process
     }
 
-    /// Codex, its model provider the Responses endpoint of `server`.
+    /// Codex as this test runs it (see [`CodexConfig::config`]).
     pub fn codex(&self, server: &LoopbackServer) -> CodexConfig {
-        let home = self.path("codex-home");
-        let config = format!(
-            r#"model = "loopback-model"
-model_provider = "loopback"
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
-[model_providers.loopback]
-name = "loopback"
-base_url = "{}/v1"
-wire_api = "responses"
-requires_openai_auth = false
-request_max_retries = 0
-stream_max_retries = 0
-
-[features]
-plugins = false
-remote_plugin = false
-apps = false
-plugin_sharing = false
-unbounded_connection_retries = false
-"#,
-            server.base_url()
-        );
-        std::fs::write(home.join("config.toml"), config).unwrap();
-        let mut codex = CodexConfig::new("codex", &products().codex);
-        codex.process = self.process(&products().codex);
-        codex.process.env.push(("CODEX_HOME".into(), home.into()));
-        codex
+        CodexConfig::config(self, server)
     }
 
-    /// Claude Code, its endpoint `server`'s Messages API, its key a placeholder.
+    /// Claude Code as this test runs it (see [`ClaudeCodeConfig::config`]).
     pub fn claude(&self, server: &LoopbackServer) -> ClaudeCodeConfig {
-        let mut claude = ClaudeCodeConfig::new("claude", &products().claude);
-        claude.process = self.process(&products().claude);
-        claude.model = Some("loopback-model".into());
-        let env: [(&str, OsString); 10] = [
-            ("ANTHROPIC_BASE_URL", server.base_url().into()),
-            ("ANTHROPIC_API_KEY", "placeholder".into()),
-            ("CLAUDE_CONFIG_DIR", self.path("claude-config").into()),
-            ("DISABLE_TELEMETRY", "1".into()),
-            ("DISABLE_AUTOUPDATER", "1".into()),
-            ("DISABLE_ERROR_REPORTING", "1".into()),
-            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
-            ("CLAUDE_CODE_MAX_RETRIES", "0".into()),
-            // One request per model call: no second, non-streaming try after a broken stream.
-            ("CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK", "1".into()),
-            ("CLAUDE_CODE_TMPDIR", self.path("tmp").into()),
-        ];
-        claude
-            .process
-            .env
-            .extend(env.into_iter().map(|(name, value)| (name.into(), value)));
-        claude
+        ClaudeCodeConfig::config(self, server)
     }
 
     /// Registers `provider` (the first one of its name stays registered) and starts a one-shot
@@ -179,31 +131,233 @@ unbounded_connection_retries = false
         result
     }
 
-    /// Starts a run through `provider` whose model request `server` holds unanswered, cancels
-    /// it once the request arrived, and checks that it settles `aborted`, drops the request and,
-    /// once disposed of, leaves no process.
-    pub async fn cancel_mid_turn(&self, provider: Arc<dyn Provider>, server: &LoopbackServer) {
-        let cancel = Cancellation::new();
-        let run = self
-            .start(provider, "Take your time.", |r| StartRequest {
-                cancel: cancel.clone(),
-                ..r
-            })
-            .await
-            .unwrap();
-        requests_reach(server, 1).await;
-        cancel.cancel(AbortCause::Parent);
-        let result = run.result().await.unwrap();
-        assert_eq!(result.stop_reason, StopReason::Aborted);
-        run.dispose().await.unwrap();
-        server.stalls_released(1).await;
-        assert_eq!(self.survivors(), Vec::<u32>::new());
+    /// Starts a run of "A task." through `provider` that fails before it runs, checks that no
+    /// process of it is left and returns its error.
+    pub async fn failed_start(&self, provider: Arc<dyn Provider>) -> SubagentError {
+        let error = self.start(provider, "A task.", |r| r).await.unwrap_err();
+        assert_eq!(self.survivors(), Vec::<u32>::new(), "{error}");
+        error
+    }
+
+    /// The delegating agent's working directory with the file `name` holding `text`; returns its
+    /// path.
+    pub fn work_file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.work().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
     }
 
     /// The live processes any run of this test started.
     pub fn survivors(&self) -> Vec<u32> {
         processes_with_env(MARK, &self.mark())
     }
+}
+
+/// A product's configuration for a test and the provider it makes: what the scenarios every
+/// product goes through need of it.
+pub trait Product: Sized {
+    /// The provider delegating to the product so configured.
+    fn provider(self) -> Arc<dyn Provider>;
+
+    /// The product as `parent`'s test runs it: in its working directory and home folders, its
+    /// model `server`.
+    fn config(parent: &Parent, server: &LoopbackServer) -> Self;
+}
+
+impl Product for CodexConfig {
+    fn provider(self) -> Arc<dyn Provider> {
+        Arc::new(CodexProvider::new(self))
+    }
+
+    /// Codex, its model provider the Responses endpoint of `server`.
+    fn config(parent: &Parent, server: &LoopbackServer) -> Self {
+        let home = parent.path("codex-home");
+        let config = format!(
+            r#"model = "loopback-model"
+model_provider = "loopback"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.loopback]
+name = "loopback"
+base_url = "{}/v1"
+wire_api = "responses"
+requires_openai_auth = false
+request_max_retries = 0
+stream_max_retries = 0
+
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+plugin_sharing = false
+unbounded_connection_retries = false
+"#,
+            server.base_url()
+        );
+        std::fs::write(home.join("config.toml"), config).unwrap();
+        let mut codex = CodexConfig::new("codex", &products().codex);
+        codex.process = parent.process(&products().codex);
+        codex.process.env.push(("CODEX_HOME".into(), home.into()));
+        codex
+    }
+}
+
+impl Product for ClaudeCodeConfig {
+    fn provider(self) -> Arc<dyn Provider> {
+        Arc::new(ClaudeCodeProvider::new(self))
+    }
+
+    /// Claude Code, its endpoint `server`'s Messages API, its key a placeholder.
+    fn config(parent: &Parent, server: &LoopbackServer) -> Self {
+        let mut claude = ClaudeCodeConfig::new("claude", &products().claude);
+        claude.process = parent.process(&products().claude);
+        claude.model = Some("loopback-model".into());
+        let env: [(&str, OsString); 10] = [
+            ("ANTHROPIC_BASE_URL", server.base_url().into()),
+            ("ANTHROPIC_API_KEY", "placeholder".into()),
+            ("CLAUDE_CONFIG_DIR", parent.path("claude-config").into()),
+            ("DISABLE_TELEMETRY", "1".into()),
+            ("DISABLE_AUTOUPDATER", "1".into()),
+            ("DISABLE_ERROR_REPORTING", "1".into()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+            ("CLAUDE_CODE_MAX_RETRIES", "0".into()),
+            // One request per model call: no second, non-streaming try after a broken stream.
+            ("CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK", "1".into()),
+            ("CLAUDE_CODE_TMPDIR", parent.path("tmp").into()),
+        ];
+        claude
+            .process
+            .env
+            .extend(env.into_iter().map(|(name, value)| (name.into(), value)));
+        claude
+    }
+}
+
+/// Checks that product `P`, its model answering with `reply` (the text "Paris is the
+/// capital."), completes the task "Name the capital of France." with that answer, asking the
+/// model once; returns that request.
+pub async fn answered_task<P: Product>(reply: Reply) -> Recorded {
+    let server = serve([reply]).await;
+    let parent = Parent::new().await;
+    let task = "Name the capital of France.";
+    let provider = P::config(&parent, &server).provider();
+    let result = parent.delegate(provider, task).await;
+    assert_answered(&result, "Paris is the capital.");
+    only_request(&server, task)
+}
+
+/// Checks that product `P`, configured by `unattended` to ask before it runs a command, given a
+/// model that asks for `command` (its arguments making `file` in the working directory) and then
+/// answers, completes `task` without running it, the model told `refusal` after the call.
+pub async fn refused_command<P: Product>(
+    [command, answer]: [Reply; 2],
+    file: &str,
+    task: &str,
+    refusal: &str,
+    unattended: impl FnOnce(P) -> P,
+) {
+    let server = serve([command, answer]).await;
+    let parent = Parent::new().await;
+    let config = unattended(P::config(&parent, &server));
+    let result = parent.delegate(config.provider(), task).await;
+    assert_completed(&result);
+    assert!(!parent.work().join(file).exists(), "a refused command ran");
+    assert_told_after_the_call(&server, &[refusal]);
+}
+
+/// Checks that a start through product `P` using a start-time option it does not support
+/// (`option` sets it) is refused as `UNSUPPORTED_CAPABILITY` before a process starts or the
+/// model is asked anything.
+pub async fn refuses_option<P: Product>(option: impl FnOnce(StartRequest) -> StartRequest) {
+    let server = serve([]).await;
+    let parent = Parent::new().await;
+    let provider = P::config(&parent, &server).provider();
+    let error = parent.start(provider, "A task.", option).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::UnsupportedCapability, "{error}");
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+    assert!(server.requests().is_empty());
+}
+
+/// `process` made a shell running `script` in place of the product.
+pub fn run_shell(process: &mut ProcessConfig, script: &str) {
+    process.program = "/bin/sh".into();
+    process.args = vec!["-c".into(), script.into()];
+}
+
+/// Checks that product `P`, its process made by `shell` a shell that fails (see [`run_shell`]),
+/// fails to start as `AGENT_FAILURE` at the stage `initialize` of the provider `described` (how
+/// its messages name it), the message holding each of `told`, and leaves no process.
+pub async fn shell_start_failure<P: Product>(
+    shell: impl FnOnce(&mut P),
+    described: &str,
+    told: &[&str],
+) {
+    let server = serve([]).await;
+    let parent = Parent::new().await;
+    let mut config = P::config(&parent, &server);
+    shell(&mut config);
+    let error = parent.failed_start(config.provider()).await;
+    assert_eq!(error.code(), ErrorCode::AgentFailure);
+    let message = error.message();
+    let stage = format!("{described} failed at stage initialize");
+    assert!(message.starts_with(&stage), "{message}");
+    for told in told {
+        assert!(message.contains(told), "{message}");
+    }
+}
+
+/// Checks, against a model server whose one reply holds its request open after `stalled_body`,
+/// that a run through product `P`, cancelled once the request arrived, settles `aborted`, drops
+/// the request and, once disposed of, leaves no process.
+pub async fn cancel_mid_turn<P: Product>(stalled_body: Vec<u8>) {
+    let server = serve([Reply::Stall { body: stalled_body }]).await;
+    let parent = Parent::new().await;
+    let cancel = Cancellation::new();
+    let provider = P::config(&parent, &server).provider();
+    let run = parent
+        .start(provider, "Take your time.", |r| StartRequest {
+            cancel: cancel.clone(),
+            ..r
+        })
+        .await
+        .unwrap();
+    requests_reach(&server, 1).await;
+    cancel.cancel(AbortCause::Parent);
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    run.dispose().await.unwrap();
+    server.stalls_released(1).await;
+    assert_eq!(parent.survivors(), Vec::<u32>::new());
+}
+
+/// Checks that `server` got one request, holding `task`, and returns it.
+pub fn only_request(server: &LoopbackServer, task: &str) -> Recorded {
+    let mut requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(body_has(&requests[0], task), "the task reached the model");
+    requests.remove(0)
+}
+
+/// Checks that `server` got two requests, the second (the one after the product's tool call)
+/// holding every one of `needles`.
+pub fn assert_told_after_the_call(server: &LoopbackServer, needles: &[&str]) {
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    for needle in needles {
+        assert!(
+            body_has(&requests[1], needle),
+            "the model heard {needle:?} after the call"
+        );
+    }
+}
+
+/// Checks that `result` stopped for `reason` and returns its diagnostic.
+pub fn diagnostic(result: SubagentResult, reason: StopReason) -> String {
+    assert_eq!(result.stop_reason, reason, "{:?}", result.diagnostic);
+    result.diagnostic.expect("a diagnostic")
 }
 
 /// Waits until `server` has received `count` requests (a product works at its own pace; this

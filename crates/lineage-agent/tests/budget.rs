@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lineage_agent::{AgentError, AgentSpec, Budget, BudgetUse, Response, ToolOutput};
+use lineage_agent::{Agent, AgentError, AgentSpec, Budget, BudgetUse, Response, ToolOutput};
 use lineage_log::{BudgetLimit, BudgetReached, Custom, Event, InboxTarget, TurnEndReason};
 use lineage_testkit::agent::*;
 
@@ -34,6 +34,12 @@ fn reached(events: &[Event]) -> BudgetReached {
         Some(TurnEndReason::Budget(reached)) => *reached,
         other => panic!("expected a budget end, got {other:?}"),
     }
+}
+
+/// The limit the last turn of `agent`'s log reached, and its maximum.
+fn limit_reached(agent: &Agent) -> (BudgetLimit, u64) {
+    let reached = reached(&agent.events());
+    (reached.limit, reached.max)
 }
 
 #[tokio::test(start_paused = true)]
@@ -72,13 +78,13 @@ async fn a_request_limit_stops_a_looping_model_before_the_request_past_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_turn_limit_lets_its_turns_run_and_parks_the_next_prompt_unasked() {
-    let h = Harness::new([Response::text("one"), Response::text("two")]);
+    let h = Harness::new(["one", "two"].map(Response::text));
     let agent = h
         .agent_with(budgeted(Budget::agent().turns(2), spec()))
         .await;
-    run_turn(&agent, "first").await;
-    run_turn(&agent, "second").await;
-    run_turn(&agent, "third").await;
+    for prompt in ["first", "second", "third"] {
+        run_turn(&agent, prompt).await;
+    }
 
     assert_eq!(h.model.requests().len(), 2, "the third turn asked nothing");
     let events = agent.events();
@@ -104,11 +110,7 @@ async fn an_output_token_limit_is_checked_before_each_request() {
     assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
     run_turn(&agent, "again").await;
     assert_eq!(h.model.requests().len(), 1);
-    let reached = reached(&agent.events());
-    assert_eq!(
-        (reached.limit, reached.max),
-        (BudgetLimit::OutputTokens, 10)
-    );
+    assert_eq!(limit_reached(&agent), (BudgetLimit::OutputTokens, 10));
 }
 
 #[tokio::test(start_paused = true)]
@@ -129,11 +131,7 @@ async fn a_wall_clock_limit_stops_the_step_after_it_passes() {
         .await;
     run_turn(&agent, "go slowly").await;
     assert_eq!(h.model.requests().len(), 1);
-    let reached = reached(&agent.events());
-    assert_eq!(
-        (reached.limit, reached.max),
-        (BudgetLimit::WallClock, 60_000)
-    );
+    assert_eq!(limit_reached(&agent), (BudgetLimit::WallClock, 60_000));
     assert_balanced(&agent.events());
 }
 
@@ -174,8 +172,7 @@ async fn a_resume_keeps_counting_from_the_log_and_a_new_budget_starts_again() {
     );
     run_turn(&agent, "again").await;
     assert_eq!(h.model.requests().len() - before, 2);
-    let reached = reached(&agent.events());
-    assert_eq!((reached.limit, reached.max), (BudgetLimit::Requests, 2));
+    assert_eq!(limit_reached(&agent), (BudgetLimit::Requests, 2));
     assert_stored(&h.store, &agent);
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::fork_of;
+use common::forked;
 
 use lineage_agent::AgentError;
 use lineage_log::{EventBody, EventKind, Header, PolicySource, SessionId, SessionLineage};
@@ -108,11 +108,7 @@ async fn a_fork_of_an_agent_that_never_wrote_inherits_nothing() {
     let h = Harness::new([]);
     let parent = h.agent().await;
     let child_id = SessionId::new();
-    let child = h
-        .agents
-        .create(fork_of(child_id, parent.id(), 1))
-        .await
-        .unwrap();
+    let child = forked(&h, child_id, &parent, 1).await;
     let events = child.events();
     assert_eq!(events.len(), 1);
     match &events[0].body {

@@ -18,7 +18,7 @@ use lineage_agent::{
     HOOK_PANICKED, HookError, Hooks, MODEL_PANICKED, Model, ModelRequest, PreStep, PreStepDecision,
     Queued, Response, ScriptedModel, ToolOutput,
 };
-use lineage_log::{EventBody, EventKind, InboxTarget, StreamChunk, TurnEndReason};
+use lineage_log::{Event, EventBody, EventKind, InboxTarget, Message, StreamChunk, TurnEndReason};
 use lineage_store::Store;
 use lineage_testkit::agent::*;
 
@@ -137,14 +137,45 @@ fn error_of(reason: &TurnEndReason) -> (String, String) {
     }
 }
 
+/// Sends `prompt` and waits until the agent is idle again after its turn failed; returns the log
+/// and the failure's code and message.
+async fn a_failed_turn(agent: &Arc<Agent>, prompt: &Message) -> (Vec<Event>, String, String) {
+    agent.followup(prompt.clone()).unwrap();
+    within(agent.when_idle()).await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    let events = agent.events();
+    let (code, message) = error_of(&turn_ends(&events)[0]);
+    (events, code, message)
+}
+
+/// An agent of `h` whose pre-step hook acts out `acts`, one a step, in order.
+async fn hooked(h: &Harness, acts: impl IntoIterator<Item = Act>) -> Arc<Agent> {
+    h.agent_with(AgentSpec {
+        hooks: Some(ScriptedHook::new(acts)),
+        ..spec()
+    })
+    .await
+}
+
+/// Sends "second" after a first turn that failed and gave its input back: the parked input runs
+/// in a turn of its own, then "second" in another, both completed. Returns the log.
+async fn the_parked_input_then_the_next_prompt_complete(agent: &Arc<Agent>) -> Vec<Event> {
+    run_turn(agent, "second").await;
+    let events = agent.events();
+    assert_eq!(
+        turn_ends(&events)[1..],
+        [TurnEndReason::Completed, TurnEndReason::Completed]
+    );
+    events
+}
+
 /// The model-fault case: the first turn ends `MODEL_PANICKED` naming the panic, the log is
 /// balanced and stored, the agent is idle, a second message runs a normal turn whose request
 /// carries the first prompt, and disposal returns.
 async fn a_model_fault_ends_only_its_turn(fault: Fault, panic_message: &str) -> Vec<EventKind> {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (store, scripted, agent) = faulty_agent(&dir, [fault], [Response::text("fine")]).await;
-    agent.followup(user("first")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "first").await;
     assert_eq!(agent.status(), AgentStatus::Idle);
     let events = agent.events();
     let ends = turn_ends(&events);
@@ -162,8 +193,7 @@ async fn a_model_fault_ends_only_its_turn(fault: Fault, panic_message: &str) -> 
     assert_balanced(&events);
     let first_turn: Vec<EventKind> = events.iter().map(|e| e.kind()).collect();
 
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "second").await;
     let events = agent.events();
     assert_eq!(turn_ends(&events)[1..], [TurnEndReason::Completed]);
     assert_eq!(assistant_texts(&events), ["fine"]);
@@ -228,10 +258,8 @@ async fn a_model_stream_that_panics_when_dropped_does_not_stop_the_agent() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (_store, _scripted, agent) =
         faulty_agent(&dir, [Fault::OnDrop], [Response::text("fine")]).await;
-    agent.followup(user("first")).unwrap();
-    within(agent.when_idle()).await;
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "first").await;
+    run_turn(&agent, "second").await;
     let events = agent.events();
     assert_eq!(
         turn_ends(&events),
@@ -288,18 +316,9 @@ impl Hooks for ScriptedHook {
 /// second message runs in its own turn.
 async fn a_hook_panic_ends_only_its_turn(act: Act, panic_message: &str) {
     let h = Harness::new([Response::text("one"), Response::text("two")]);
-    let agent = h
-        .agent_with(AgentSpec {
-            hooks: Some(ScriptedHook::new([act])),
-            ..spec()
-        })
-        .await;
+    let agent = hooked(&h, [act]).await;
     let first = user("first");
-    agent.followup(first.clone()).unwrap();
-    within(agent.when_idle()).await;
-    assert_eq!(agent.status(), AgentStatus::Idle);
-    let events = agent.events();
-    let (code, message) = error_of(&turn_ends(&events)[0]);
+    let (events, code, message) = a_failed_turn(&agent, &first).await;
     assert_eq!(code, HOOK_PANICKED);
     assert!(
         message.contains(panic_message),
@@ -309,13 +328,7 @@ async fn a_hook_panic_ends_only_its_turn(act: Act, panic_message: &str) {
     assert_balanced(&events);
     assert_eq!(agent.pending(InboxTarget::NextTurn), vec![first]);
 
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
-    let events = agent.events();
-    assert_eq!(
-        turn_ends(&events)[1..],
-        [TurnEndReason::Completed, TurnEndReason::Completed]
-    );
+    let events = the_parked_input_then_the_next_prompt_complete(&agent).await;
     assert_eq!(user_texts(&events), ["first", "second"]);
     assert_eq!(assistant_texts(&events), ["one", "two"]);
     assert_balanced(&events);
@@ -349,20 +362,11 @@ fn steps(agent: &Agent) -> Vec<(u32, u32)> {
 #[tokio::test(start_paused = true)]
 async fn a_pre_step_hook_that_fails_ends_the_turn_and_keeps_its_input_for_the_next_wake() {
     let h = Harness::new([Response::text("one"), Response::text("two")]);
-    let agent = h
-        .agent_with(AgentSpec {
-            hooks: Some(ScriptedHook::new([Act::Fail("the policy service is down")])),
-            ..spec()
-        })
-        .await;
+    let agent = hooked(&h, [Act::Fail("the policy service is down")]).await;
     let context = user("context");
     let first = user("first");
     agent.inject(context.clone()).unwrap();
-    agent.followup(first.clone()).unwrap();
-    within(agent.when_idle()).await;
-    assert_eq!(agent.status(), AgentStatus::Idle);
-    let events = agent.events();
-    let (code, message) = error_of(&turn_ends(&events)[0]);
+    let (events, code, message) = a_failed_turn(&agent, &first).await;
     assert_eq!(code, HOOK_FAILED);
     assert_eq!(
         message,
@@ -377,13 +381,7 @@ async fn a_pre_step_hook_that_fails_ends_the_turn_and_keeps_its_input_for_the_ne
     assert_eq!(agent.pending(InboxTarget::NextStep), vec![context]);
     assert_eq!(agent.pending(InboxTarget::NextTurn), vec![first]);
 
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
-    let events = agent.events();
-    assert_eq!(
-        turn_ends(&events)[1..],
-        [TurnEndReason::Completed, TurnEndReason::Completed]
-    );
+    let events = the_parked_input_then_the_next_prompt_complete(&agent).await;
     assert_eq!(user_texts(&events), ["context", "first", "second"]);
     let asked = h.model.requests();
     let texts: Vec<String> = asked[0].messages.iter().map(|m| m.text()).collect();
@@ -434,8 +432,7 @@ async fn a_steer_claimed_by_a_failing_pre_step_joins_the_next_turn() {
     assert_balanced(&events);
     assert_eq!(agent.pending(InboxTarget::NextStep), vec![steer.clone()]);
 
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "second").await;
     let events = agent.events();
     assert_eq!(turn_ends(&events)[1..], [TurnEndReason::Completed]);
     assert_eq!(
@@ -459,8 +456,7 @@ async fn a_pre_step_hook_that_fails_in_a_cancelled_turn_ends_it_aborted_and_keep
             ..spec()
         })
         .await;
-    agent.followup(user("first")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "first").await;
     let events = agent.events();
     assert_eq!(
         turn_ends(&events),
@@ -550,8 +546,7 @@ async fn a_tool_method_panic_ends_only_its_turn(
         tripped: Default::default(),
     });
     let agent = h.agent_with(spec_with_tools(vec![tool])).await;
-    agent.followup(user("first")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "first").await;
     assert_eq!(agent.status(), AgentStatus::Idle);
     let events = agent.events();
     let (code, message) = error_of(&turn_ends(&events)[0]);
@@ -562,8 +557,7 @@ async fn a_tool_method_panic_ends_only_its_turn(
     );
     assert_balanced(&events);
 
-    agent.followup(user("second")).unwrap();
-    within(agent.when_idle()).await;
+    run_turn(&agent, "second").await;
     let events = agent.events();
     assert_eq!(turn_ends(&events)[1..], [TurnEndReason::Completed]);
     assert_eq!(assistant_texts(&events).last().unwrap(), "after");

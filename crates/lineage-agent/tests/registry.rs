@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::fork_of;
+use common::{forked, streaming, texts, turn_numbers};
 
 use std::sync::Arc;
 
@@ -134,10 +134,7 @@ async fn setup_events_are_written_with_the_seed_in_one_transaction() {
 #[tokio::test(start_paused = true)]
 async fn dispose_is_shared_by_every_owner_and_leaves_the_session_stored() {
     let h = Harness::new([Response::hang()]);
-    let agent = h.agent().await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("work")).unwrap();
-    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    let (agent, mut rx) = streaming(&h, "work").await;
     agent.inject(user("pending")).unwrap();
     let (a, b) = (agent.clone(), agent.clone());
     let first = tokio::spawn(async move { a.dispose().await });
@@ -167,10 +164,7 @@ async fn dispose_is_shared_by_every_owner_and_leaves_the_session_stored() {
 #[tokio::test(start_paused = true)]
 async fn shut_down_keeps_pending_input_for_the_next_resume() {
     let h = Harness::new([Response::hang()]);
-    let agent = h.agent().await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("work")).unwrap();
-    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    let (agent, _rx) = streaming(&h, "work").await;
     agent.followup(user("pending")).unwrap();
     agent.shut_down().await.unwrap();
     assert!(h.agents.get(agent.id()).is_none());
@@ -190,15 +184,10 @@ async fn shut_down_keeps_pending_input_for_the_next_resume() {
 
 #[tokio::test(start_paused = true)]
 async fn resume_continues_numbering_and_leaves_restored_work_parked() {
-    let h = Harness::new([
-        Response::text("one"),
-        Response::text("two"),
-        Response::text("three"),
-    ]);
+    let h = Harness::new(["one", "two", "three"].map(Response::text));
     let agent = h.agent().await;
     agent.followup(user("a")).unwrap();
-    agent.followup(user("b")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "b").await;
     agent.inject(user("context for later")).unwrap();
     let id = agent.id();
     let before = agent.events().len();
@@ -218,13 +207,8 @@ async fn resume_continues_numbering_and_leaves_restored_work_parked() {
     let restarted = lineage_agent::Agents::new(h.store.clone(), h.model.clone());
     let third = restarted.resume(id, spec()).await.unwrap();
     assert_eq!(third.status(), AgentStatus::Idle);
-    let pending: Vec<String> = third
-        .pending(InboxTarget::NextStep)
-        .iter()
-        .map(|m| m.text())
-        .collect();
     assert_eq!(
-        pending,
+        texts(&third.pending(InboxTarget::NextStep)),
         ["restored context"],
         "pending input survives a restart"
     );
@@ -234,17 +218,9 @@ async fn resume_continues_numbering_and_leaves_restored_work_parked() {
         AgentStatus::Idle,
         "restored work does not run by itself"
     );
-    third.followup(user("c")).unwrap();
-    third.when_idle().await;
+    run_turn(&third, "c").await;
     let events = third.events();
-    let turns: Vec<u32> = events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TurnStart(t) => Some(t.turn),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(turn_numbers(&events), [1, 2, 3]);
     assert_eq!(user_texts(&events), ["a", "b", "restored context", "c"]);
     assert!(events.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     assert_balanced(&events);
@@ -268,8 +244,7 @@ async fn resume_closes_a_torn_turn_before_the_agent_is_published() {
     let agent = h.agents.resume(id, spec()).await.unwrap();
     assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Interrupted]);
     assert_stored(&h.store, &agent);
-    agent.followup(user("again")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "again").await;
     assert_eq!(
         turn_ends(&agent.events()),
         [TurnEndReason::Interrupted, TurnEndReason::Completed]
@@ -283,17 +258,12 @@ async fn a_fork_seed_inherits_completed_turns_but_not_the_parents_inbox() {
         Response::text("child answer"),
     ]);
     let parent = h.agent().await;
-    parent.followup(user("question")).unwrap();
-    parent.when_idle().await;
+    run_turn(&parent, "question").await;
     parent.inject(user("parent's pending context")).unwrap();
     h.store.flush(parent.id()).unwrap();
     let child_id = SessionId::new();
     // The parent's log now ends with a splice outside any turn: the whole log is balanced.
-    let child = h
-        .agents
-        .create(fork_of(child_id, parent.id(), 1))
-        .await
-        .unwrap();
+    let child = forked(&h, child_id, &parent, 1).await;
     let seed_len = parent.events().len();
     assert_eq!(child.events()[..seed_len], parent.events()[..]);
     assert!(
@@ -304,8 +274,7 @@ async fn a_fork_seed_inherits_completed_turns_but_not_the_parents_inbox() {
         "the parent's inbox stays the parent's"
     );
     assert_eq!(child.delegation_depth(), 1);
-    child.followup(user("follow-up")).unwrap();
-    child.when_idle().await;
+    run_turn(&child, "follow-up").await;
     let events = child.events();
     assert!(
         matches!(
@@ -331,13 +300,8 @@ async fn a_fork_seed_inherits_completed_turns_but_not_the_parents_inbox() {
 async fn the_runtime_depth_option_never_lowers_a_stored_depth() {
     let h = Harness::new([Response::text("ok")]);
     let parent = h.agent().await;
-    parent.followup(user("a turn to fork")).unwrap();
-    parent.when_idle().await;
-    let child = h
-        .agents
-        .create(fork_of(SessionId::new(), parent.id(), 2))
-        .await
-        .unwrap();
+    run_turn(&parent, "a turn to fork").await;
+    let child = forked(&h, SessionId::new(), &parent, 2).await;
     let id = child.id();
     child.dispose().await;
     let mut low = spec();

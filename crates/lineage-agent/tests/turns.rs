@@ -4,19 +4,30 @@
 //! Every test is deterministic: time is paused, models are scripted and held by gates, and tests
 //! wait on the agent's own events, never on sleeps.
 
+mod common;
+
+use common::{streaming, texts, turn_numbers};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lineage_agent::{
-    ABORTED_BEFORE_DISPATCH, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError, Hooks,
-    INVALID_ARGUMENTS, ModelError, NO_MODEL, PreStep, PreStepDecision, Queued, Response,
+    ABORTED_BEFORE_DISPATCH, Agent, AgentEvent, AgentSpec, AgentStatus, BoxFuture, Gate, HookError,
+    Hooks, INVALID_ARGUMENTS, ModelError, NO_MODEL, PreStep, PreStepDecision, Queued, Response,
     SCRIPT_EXHAUSTED, TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{AbortCause, EventBody, EventKind, InboxTarget, Text, ToolFilter, TurnEndReason};
 use lineage_testkit::agent::*;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 fn aborted(cause: AbortCause) -> TurnEndReason {
     TurnEndReason::Aborted { cause }
+}
+
+/// A harness whose model makes `calls` (id, tool, arguments) in one step, then answers with
+/// `then`.
+fn calling(calls: &[(&str, &str, &str)], then: impl IntoIterator<Item = Response>) -> Harness {
+    Harness::new(std::iter::once(Response::tool_calls(None, calls)).chain(then))
 }
 
 #[tokio::test(start_paused = true)]
@@ -87,8 +98,7 @@ async fn a_tool_result_reaches_the_next_request() {
         Response::text("done"),
     ]);
     let agent = h.agent_with(spec_with_tools(vec![echo()])).await;
-    agent.followup(user("use the tool")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "use the tool").await;
     let events = agent.events();
     let kinds = kinds(&events);
     let at = kinds.iter().position(|k| *k == "tool/call").unwrap();
@@ -123,31 +133,33 @@ async fn a_tool_result_reaches_the_next_request() {
     assert_stored(&h.store, &agent);
 }
 
-fn gated_tool(name: &'static str, gate: &Gate) -> Arc<FnTool> {
+/// A harness whose model calls the tool `wait` and then answers "done", and its agent,
+/// subscribed to, in a turn on "start" held in that call until `gate` opens.
+async fn waiting_in_a_tool(gate: &Gate) -> (Harness, Arc<Agent>, UnboundedReceiver<AgentEvent>) {
+    let h = Harness::new([
+        Response::tool_call("c1", "wait", "{}"),
+        Response::text("done"),
+    ]);
     let gate = gate.clone();
-    FnTool::new(name, move |_, _| {
+    let wait = FnTool::new("wait", move |_, _| {
         let gate = gate.clone();
         async move {
             gate.wait().await;
             ToolOutput::text("waited")
         }
-    })
+    });
+    let agent = h.agent_with(spec_with_tools(vec![wait])).await;
+    let mut rx = agent.subscribe();
+    agent.followup(user("start")).unwrap();
+    wait_appended(&mut rx, EventKind::ToolCall).await;
+    (h, agent, rx)
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_store_never_repairs_a_session_under_its_live_agent() {
     let gate = Gate::new();
-    let h = Harness::new([
-        Response::tool_call("c1", "wait", "{}"),
-        Response::text("done"),
-    ]);
-    let agent = h
-        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
-        .await;
+    let (h, agent, _rx) = waiting_in_a_tool(&gate).await;
     assert!(h.store.is_owned(agent.id()));
-    let mut rx = agent.subscribe();
-    agent.followup(user("start")).unwrap();
-    wait_appended(&mut rx, EventKind::ToolCall).await;
     // Mid-turn: a load elsewhere in the host is refused instead of closing the turn.
     match h.store.load(agent.id()) {
         Err(lineage_store::StoreError::LiveTurnOpen { session }) => assert_eq!(session, agent.id()),
@@ -168,16 +180,7 @@ async fn the_store_never_repairs_a_session_under_its_live_agent() {
 #[tokio::test(start_paused = true)]
 async fn a_steer_joins_the_next_step_of_the_running_turn() {
     let gate = Gate::new();
-    let h = Harness::new([
-        Response::tool_call("c1", "wait", "{}"),
-        Response::text("done"),
-    ]);
-    let agent = h
-        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
-        .await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("start")).unwrap();
-    wait_appended(&mut rx, EventKind::ToolCall).await;
+    let (h, agent, _rx) = waiting_in_a_tool(&gate).await;
     let steer = user("also consider this");
     agent.steer(steer.clone()).unwrap();
     assert_eq!(agent.pending(InboxTarget::NextStep), vec![steer.clone()]);
@@ -207,24 +210,14 @@ async fn an_idle_inject_waits_for_a_wake_and_comes_before_the_prompt() {
     agent.when_idle().await;
     assert_eq!(agent.status(), AgentStatus::Idle);
     assert_eq!(kinds(&agent.events()), ["inbox/spliced"]);
-    agent.followup(user("prompt")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "prompt").await;
     assert_eq!(user_texts(&agent.events()), ["context", "prompt"]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_running_inject_is_claimed_at_the_next_step_after_the_results() {
     let gate = Gate::new();
-    let h = Harness::new([
-        Response::tool_call("c1", "wait", "{}"),
-        Response::text("done"),
-    ]);
-    let agent = h
-        .agent_with(spec_with_tools(vec![gated_tool("wait", &gate)]))
-        .await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("start")).unwrap();
-    wait_appended(&mut rx, EventKind::ToolCall).await;
+    let (_h, agent, _rx) = waiting_in_a_tool(&gate).await;
     agent.inject(user("late context")).unwrap();
     gate.open();
     agent.when_idle().await;
@@ -241,11 +234,7 @@ async fn a_running_inject_is_claimed_at_the_next_step_after_the_results() {
 
 #[tokio::test(start_paused = true)]
 async fn n_followups_run_as_n_turns_in_order_under_one_running_status() {
-    let h = Harness::new([
-        Response::text("1"),
-        Response::text("2"),
-        Response::text("3"),
-    ]);
+    let h = Harness::new(["1", "2", "3"].map(Response::text));
     let agent = h.agent().await;
     let mut rx = agent.subscribe();
     for text in ["a", "b", "c"] {
@@ -255,14 +244,7 @@ async fn n_followups_run_as_n_turns_in_order_under_one_running_status() {
     let events = agent.events();
     assert_eq!(user_texts(&events), ["a", "b", "c"]);
     assert_eq!(assistant_texts(&events), ["1", "2", "3"]);
-    let turns: Vec<u32> = events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TurnStart(t) => Some(t.turn),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(turn_numbers(&events), [1, 2, 3]);
     assert_eq!(statuses(&mut rx), [AgentStatus::Running, AgentStatus::Idle]);
     assert_balanced(&events);
 }
@@ -290,10 +272,7 @@ async fn a_cancel_right_after_the_wake_closes_the_turn_without_a_step() {
 #[tokio::test(start_paused = true)]
 async fn a_cancel_mid_stream_keeps_the_interrupted_prefix() {
     let h = Harness::new([Response::hang()]);
-    let agent = h.agent().await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("x")).unwrap();
-    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    let (agent, mut rx) = streaming(&h, "x").await;
     wait_appended(&mut rx, EventKind::AssistantChunk).await;
     agent.cancel(AbortCause::User, Queued::Discard).unwrap();
     agent.when_idle().await;
@@ -316,10 +295,7 @@ async fn a_cancel_mid_stream_keeps_the_interrupted_prefix() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones() {
-    let h = Harness::new([Response::tool_calls(
-        None,
-        &[("c1", "until_cancelled", "{}"), ("c2", "echo", "{}")],
-    )]);
+    let h = calling(&[("c1", "until_cancelled", "{}"), ("c2", "echo", "{}")], []);
     let (started_tx, started) = tokio::sync::mpsc::unbounded_channel::<()>();
     let until_cancelled = FnTool::new("until_cancelled", move |ctx, _| {
         let started_tx = started_tx.clone();
@@ -367,10 +343,7 @@ async fn a_cancel_during_tools_drains_started_calls_and_answers_unstarted_ones()
 
 #[tokio::test(start_paused = true)]
 async fn a_cancel_while_calls_are_flushed_before_dispatch_keeps_their_bodies_from_running() {
-    let h = Harness::new([Response::tool_calls(
-        None,
-        &[("c1", "effect", "{}"), ("c2", "effect", "{}")],
-    )]);
+    let h = calling(&[("c1", "effect", "{}"), ("c2", "effect", "{}")], []);
     let ran = Arc::new(AtomicUsize::new(0));
     let effect = {
         let ran = ran.clone();
@@ -430,8 +403,7 @@ async fn a_cancel_from_inside_a_tool_ends_the_turn_before_the_next_step() {
         ToolOutput::text("asked to stop")
     });
     let agent = h.agent_with(spec_with_tools(vec![stop_me])).await;
-    agent.followup(user("x")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "x").await;
     let events = agent.events();
     assert_eq!(h.model.requests().len(), 1, "no second step");
     assert_eq!(
@@ -447,10 +419,7 @@ async fn a_cancel_from_inside_a_tool_ends_the_turn_before_the_next_step() {
 #[tokio::test(start_paused = true)]
 async fn the_first_cause_wins() {
     let h = Harness::new([Response::hang()]);
-    let agent = h.agent().await;
-    let mut rx = agent.subscribe();
-    agent.followup(user("x")).unwrap();
-    wait_appended(&mut rx, EventKind::AssistantChunk).await;
+    let (agent, _rx) = streaming(&h, "x").await;
     agent.cancel(AbortCause::User, Queued::Keep).unwrap();
     agent.cancel(AbortCause::Parent, Queued::Keep).unwrap();
     agent.dispose().await;
@@ -473,16 +442,10 @@ async fn a_cancel_that_keeps_queued_work_parks_it_until_the_next_waking_send() {
     agent.when_idle().await;
     // b was queued before the cancel: it is parked, not run.
     assert_eq!(agent.status(), AgentStatus::Idle);
-    let parked: Vec<String> = agent
-        .pending(InboxTarget::NextTurn)
-        .iter()
-        .map(|m| m.text())
-        .collect();
-    assert_eq!(parked, ["b"]);
+    assert_eq!(texts(&agent.pending(InboxTarget::NextTurn)), ["b"]);
     assert_eq!(turn_ends(&agent.events()), [aborted(AbortCause::User)]);
     // The next waking send runs the parked work first.
-    agent.followup(user("c")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "c").await;
     let events = agent.events();
     assert_eq!(user_texts(&events), ["a", "b", "c"]);
     assert_eq!(
@@ -593,13 +556,10 @@ async fn model_failures_end_the_turn_with_an_error_and_the_agent_carries_on() {
         Response::text("ok"),
     ]);
     let agent = h.agent().await;
-    agent.followup(user("a")).unwrap();
-    agent.when_idle().await;
-    agent.followup(user("b")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "a").await;
+    run_turn(&agent, "b").await;
     // The script is now exhausted: the adapter failure becomes an error finish too.
-    agent.followup(user("c")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "c").await;
     let ends = turn_ends(&agent.events());
     let codes: Vec<String> = ends
         .iter()
@@ -629,8 +589,7 @@ async fn an_endpoint_failure_keeps_its_status_retry_after_and_request_id_in_the_
     };
     let h = Harness::new([Response::Fail(failure.clone())]);
     let agent = h.agent().await;
-    agent.followup(user("a")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "a").await;
     match &turn_ends(&agent.events())[..] {
         [TurnEndReason::Error(e)] => assert_eq!(**e, failure.into_turn_error()),
         other => panic!("expected the endpoint's failure, got {other:?}"),
@@ -642,8 +601,7 @@ async fn an_endpoint_failure_keeps_its_status_retry_after_and_request_id_in_the_
 async fn an_agent_without_a_model_fails_its_turn_with_no_model() {
     let h = Harness::new([]);
     let agent = h.agent_with(AgentSpec::default()).await;
-    agent.followup(user("a")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "a").await;
     match &turn_ends(&agent.events())[..] {
         [TurnEndReason::Error(e)] => assert_eq!(e.code, NO_MODEL),
         other => panic!("expected a NO_MODEL error, got {other:?}"),
@@ -668,8 +626,7 @@ async fn a_rejected_pre_step_blocks_the_turn_and_the_input_never_enters_history(
         })
         .await;
     agent.followup(user("forbidden")).unwrap();
-    agent.followup(user("parked")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "parked").await;
     let events = agent.events();
     assert_eq!(turn_ends(&events), [TurnEndReason::Blocked]);
     assert!(user_texts(&events).is_empty());
@@ -691,17 +648,14 @@ async fn filtered_unknown_and_malformed_calls_get_error_results_without_running(
             async { ToolOutput::text("ran") }
         })
     };
-    let h = Harness::new([
-        Response::tool_calls(
-            None,
-            &[
-                ("c1", "secret", "{}"),
-                ("c2", "nope", "{}"),
-                ("c3", "echo", "{oops"),
-            ],
-        ),
-        Response::text("done"),
-    ]);
+    let h = calling(
+        &[
+            ("c1", "secret", "{}"),
+            ("c2", "nope", "{}"),
+            ("c3", "echo", "{oops"),
+        ],
+        [Response::text("done")],
+    );
     let agent = h
         .agent_with(AgentSpec {
             tool_filter: Some(ToolFilter {
@@ -711,8 +665,7 @@ async fn filtered_unknown_and_malformed_calls_get_error_results_without_running(
             ..spec_with_tools(vec![counted, echo()])
         })
         .await;
-    agent.followup(user("x")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "x").await;
     let codes: Vec<_> = tool_results(&agent.events())
         .into_iter()
         .map(|(_, _, code)| code)
@@ -748,8 +701,7 @@ async fn a_concluding_result_ends_the_turn_and_contexts_join_the_next_step() {
         ToolOutput::text("finished").concluding()
     });
     let agent = h.agent_with(spec_with_tools(vec![note, finish])).await;
-    agent.followup(user("x")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "x").await;
     let events = agent.events();
     assert_eq!(
         h.model.requests().len(),
@@ -788,17 +740,14 @@ async fn parallel_calls_run_together_up_to_the_limit_and_commit_in_model_order()
             }
         })
     };
-    let h = Harness::new([
-        Response::tool_calls(
-            None,
-            &[
-                ("c0", "fetch", r#"{"i":0}"#),
-                ("c1", "fetch", r#"{"i":1}"#),
-                ("c2", "fetch", r#"{"i":2}"#),
-            ],
-        ),
-        Response::text("done"),
-    ]);
+    let h = calling(
+        &[
+            ("c0", "fetch", r#"{"i":0}"#),
+            ("c1", "fetch", r#"{"i":1}"#),
+            ("c2", "fetch", r#"{"i":2}"#),
+        ],
+        [Response::text("done")],
+    );
     let agent = h
         .agent_with(AgentSpec {
             max_parallel_tools: 2,
@@ -851,25 +800,21 @@ async fn exclusive_calls_run_alone() {
             FnTool::new(name, call)
         }
     };
-    let h = Harness::new([
-        Response::tool_calls(
-            None,
-            &[
-                ("c0", "read", "{}"),
-                ("c1", "write", "{}"),
-                ("c2", "read", "{}"),
-            ],
-        ),
-        Response::text("done"),
-    ]);
+    let h = calling(
+        &[
+            ("c0", "read", "{}"),
+            ("c1", "write", "{}"),
+            ("c2", "read", "{}"),
+        ],
+        [Response::text("done")],
+    );
     let agent = h
         .agent_with(spec_with_tools(vec![
             make("read", true),
             make("write", false),
         ]))
         .await;
-    agent.followup(user("x")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "x").await;
     assert_eq!(most.load(Ordering::SeqCst), 1);
     assert_eq!(tool_results(&agent.events()).len(), 3);
 }
@@ -884,8 +829,7 @@ async fn the_system_prompt_carries_the_persona_and_runtime_context() {
             ..spec()
         })
         .await;
-    agent.followup(user("x")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "x").await;
     let system = &h.model.requests()[0].system;
     assert!(
         system.starts_with("You are a careful reviewer."),
@@ -937,11 +881,9 @@ async fn an_unmounted_tool_is_hidden_and_refused_until_it_mounts() {
         mounted: mounted.clone(),
     });
     let agent = h.agent_with(spec_with_tools(vec![tool])).await;
-    agent.followup(user("first")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "first").await;
     mounted.store(true, Ordering::SeqCst);
-    agent.followup(user("second")).unwrap();
-    agent.when_idle().await;
+    run_turn(&agent, "second").await;
     let requests = h.model.requests();
     assert!(requests[0].tools.is_empty(), "hidden while unmounted");
     assert_eq!(requests[2].tools.len(), 1, "visible once mounted");

@@ -2,8 +2,12 @@
 //! the failures of best-effort work (a disposal's final flush) as events and as the disposal's
 //! outcome.
 
-use lineage_agent::{AgentError, AgentEvent, Diagnostic, DiagnosticKind, Queued, RegistryEvent};
-use lineage_log::{AbortCause, InboxTarget, PolicySource};
+use std::sync::Arc;
+
+use lineage_agent::{
+    Agent, AgentError, AgentEvent, Diagnostic, DiagnosticKind, Queued, RegistryEvent,
+};
+use lineage_log::{AbortCause, InboxTarget, PolicySource, SessionId};
 use lineage_store::StoreError;
 use lineage_testkit::agent::*;
 use lineage_testkit::ev;
@@ -18,15 +22,33 @@ fn drain<T>(rx: &mut UnboundedReceiver<T>) -> Vec<T> {
     out
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_registry_reports_agents_created_resumed_and_disposed_in_order() {
+/// A harness without a script, and a subscription to its registry's events.
+fn watched() -> (Harness, UnboundedReceiver<RegistryEvent>) {
     let h = Harness::new([]);
-    let mut watch = h.agents.subscribe();
+    let watch = h.agents.subscribe();
+    (h, watch)
+}
+
+/// A fresh agent of `h` that has written an event, so that it is stored and its disposal
+/// flushes.
+async fn written_agent(h: &Harness) -> Arc<Agent> {
     let agent = h.agent().await;
-    let id = agent.id();
     agent
         .record(ev::approval("never", PolicySource::Own))
         .unwrap();
+    agent
+}
+
+/// The registry's report that `agent` was disposed of, its final flush `failed` or not.
+fn disposed(agent: SessionId, failed: bool) -> RegistryEvent {
+    RegistryEvent::Disposed { agent, failed }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_registry_reports_agents_created_resumed_and_disposed_in_order() {
+    let (h, mut watch) = watched();
+    let agent = written_agent(&h).await;
+    let id = agent.id();
     agent.dispose().await;
     let resumed = h.agents.resume(id, spec()).await.unwrap();
     assert!(h.agents.dispose(resumed.id()).await);
@@ -34,15 +56,9 @@ async fn the_registry_reports_agents_created_resumed_and_disposed_in_order() {
         drain(&mut watch),
         vec![
             RegistryEvent::Created { agent: id },
-            RegistryEvent::Disposed {
-                agent: id,
-                failed: false
-            },
+            disposed(id, false),
             RegistryEvent::Resumed { agent: id },
-            RegistryEvent::Disposed {
-                agent: id,
-                failed: false
-            },
+            disposed(id, false),
         ]
     );
 }
@@ -95,13 +111,9 @@ async fn every_cancellation_is_published_with_its_cause_and_inbox_choice() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnostic() {
-    let h = Harness::new([]);
-    let mut watch = h.agents.subscribe();
-    let agent = h.agent().await;
+    let (h, mut watch) = watched();
+    let agent = written_agent(&h).await;
     let id = agent.id();
-    agent
-        .record(ev::approval("never", PolicySource::Own))
-        .unwrap();
     let mut rx = agent.subscribe();
     agent.fail_final_flush(Some(Box::new(|| StoreError::Unavailable {
         reason: "the disk is gone".into(),
@@ -141,10 +153,7 @@ async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnos
         vec![
             RegistryEvent::Created { agent: id },
             RegistryEvent::Diagnostic(diagnostics[0].clone()),
-            RegistryEvent::Disposed {
-                agent: id,
-                failed: true
-            },
+            disposed(id, true),
         ]
     );
 }
@@ -152,10 +161,7 @@ async fn a_failed_final_flush_fails_every_disposer_and_is_published_as_a_diagnos
 #[tokio::test(start_paused = true)]
 async fn a_disposal_whose_flush_works_reports_success_to_every_disposer() {
     let h = Harness::new([]);
-    let agent = h.agent().await;
-    agent
-        .record(ev::approval("never", PolicySource::Own))
-        .unwrap();
+    let agent = written_agent(&h).await;
     let (first, second) = tokio::join!(agent.try_dispose(), agent.try_dispose());
     assert!(first.is_ok() && second.is_ok());
     assert!(matches!(h.agents.try_dispose(agent.id()).await, Ok(false)));

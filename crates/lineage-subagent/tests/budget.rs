@@ -14,6 +14,7 @@ use lineage_store::Store;
 use lineage_subagent::tools::{BackgroundMode, SubagentToolConfig};
 use lineage_subagent::{Host, Outcome};
 use lineage_testkit::subagent::*;
+use serde_json::json;
 use tempfile::TempDir;
 
 /// A root that delegates again whenever it is not answering a tool call (so on every notice),
@@ -31,18 +32,13 @@ impl Model for Redelegating {
             Response::text("done")
         } else {
             let n = self.root.fetch_add(1, Ordering::SeqCst);
-            let answered_a_call = request
-                .messages
-                .last()
-                .is_some_and(|m| matches!(m.source, MessageSource::Tool { .. }));
-            if answered_a_call {
-                Response::text("waiting for it")
-            } else {
-                Response::tool_call(
-                    &format!("call-{n}"),
-                    "subagent",
-                    r#"{"description":"again","prompt":"sub task"}"#,
-                )
+            match request.messages.last().map(|m| &m.source) {
+                // The delegation's call was answered: the child is at work.
+                Some(MessageSource::Tool { .. }) => Response::text("waiting for it"),
+                _ => {
+                    let again = json!({"description": "again", "prompt": "sub task"});
+                    Response::tool_call(&format!("call-{n}"), "subagent", &again.to_string())
+                }
             }
         };
         ScriptedModel::new([response]).stream(request)
@@ -58,23 +54,31 @@ impl Redelegating {
     }
 }
 
+/// A host over a store in a temporary directory, its agents asking one [`Redelegating`] model.
+/// The host is declared first so that it is dropped before its directory.
 struct Fixture {
-    dir: TempDir,
-    model: Arc<Redelegating>,
     host: Host,
+    model: Arc<Redelegating>,
+    dir: TempDir,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let model = Arc::new(Redelegating::default());
-        let host = Fixture::host(&dir, &model);
-        Fixture { dir, model, host }
+    /// A host over the store in `dir` asking `model`: a new process over the same file when
+    /// both come from a closed fixture.
+    fn over(dir: TempDir, model: Arc<Redelegating>) -> Fixture {
+        let store = Store::open(dir.path().join("budget.lineage")).expect("the store opens");
+        let host = Host::new(store, model.clone()).expect("the host starts");
+        Fixture { host, model, dir }
     }
 
-    fn host(dir: &TempDir, model: &Arc<Redelegating>) -> Host {
-        let store = Store::open(dir.path().join("budget.lineage")).expect("the store opens");
-        Host::new(store, model.clone()).expect("the host starts")
+    /// A fresh fixture, its root held to `budget`, and the outcome of running the root on the
+    /// prompt "go".
+    async fn run_root(budget: Budget) -> (Fixture, Arc<Agent>, Outcome) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let f = Fixture::over(dir, Arc::default());
+        let root = f.root(budget).await;
+        let outcome = within(f.host.run(&root, "go")).await.unwrap();
+        (f, root, outcome)
     }
 
     fn spec(&self, budget: Option<Budget>) -> AgentSpec {
@@ -102,7 +106,8 @@ impl Fixture {
         self.host.store.children(root.id()).expect("children")
     }
 
-    fn assert_verified(&self) {
+    /// Checks that the store verifies, then closes the host.
+    async fn verify_and_close(self) {
         self.host.store.flush_all().expect("flush");
         let report = self.host.store.verify().expect("verify runs");
         assert!(
@@ -110,6 +115,7 @@ impl Fixture {
             "{:?}",
             report.failures().collect::<Vec<_>>()
         );
+        self.host.close().await.unwrap();
     }
 }
 
@@ -122,9 +128,7 @@ fn budget_end(outcome: &Outcome) -> (BudgetLimit, u64, lineage_log::SessionId) {
 
 #[tokio::test(start_paused = true)]
 async fn a_root_that_delegates_on_every_notice_stops_at_its_tree_budget() {
-    let f = Fixture::new();
-    let root = f.root(Budget::tree().requests(12)).await;
-    let outcome = within(f.host.run(&root, "go")).await.unwrap();
+    let (f, root, outcome) = Fixture::run_root(Budget::tree().requests(12)).await;
 
     assert_eq!(budget_end(&outcome), (BudgetLimit::Requests, 12, root.id()));
     let (root_requests, child_requests) = f.model.requests();
@@ -145,16 +149,13 @@ async fn a_root_that_delegates_on_every_notice_stops_at_its_tree_budget() {
             }
         }
     }
-    f.assert_verified();
-    f.host.close().await.unwrap();
+    f.verify_and_close().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_child_refused_by_the_tree_budget_settles_with_a_budget_notice() {
-    let f = Fixture::new();
     // The root's one request, which delegates, spends it all.
-    let root = f.root(Budget::tree().requests(1)).await;
-    let outcome = within(f.host.run(&root, "go")).await.unwrap();
+    let (f, root, outcome) = Fixture::run_root(Budget::tree().requests(1)).await;
 
     assert_eq!(f.model.requests(), (1, 0), "the child asked nothing");
     let [child] = f.children(&root)[..] else {
@@ -188,15 +189,12 @@ async fn a_child_refused_by_the_tree_budget_settles_with_a_budget_notice() {
     );
     // The notice's turn asked nothing either: the run ends at the budget.
     assert_eq!(budget_end(&outcome).0, BudgetLimit::Requests);
-    f.assert_verified();
-    f.host.close().await.unwrap();
+    f.verify_and_close().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_agent_budget_binds_only_its_agent() {
-    let f = Fixture::new();
-    let root = f.root(Budget::agent().requests(2)).await;
-    let outcome = within(f.host.run(&root, "go")).await.unwrap();
+    let (f, root, outcome) = Fixture::run_root(Budget::agent().requests(2)).await;
     // The child ran (its request is not the root's), then the root's notice turn was refused.
     assert_eq!(f.model.requests(), (2, 1));
     assert_eq!(budget_end(&outcome), (BudgetLimit::Requests, 2, root.id()));
@@ -206,23 +204,17 @@ async fn an_agent_budget_binds_only_its_agent() {
 
 #[tokio::test(start_paused = true)]
 async fn a_restart_rebuilds_what_the_tree_spent_from_the_store() {
-    let f = Fixture::new();
-    let root = f.root(Budget::tree().requests(3)).await;
-    let first = within(f.host.run(&root, "go")).await.unwrap();
+    let (f, root, first) = Fixture::run_root(Budget::tree().requests(3)).await;
     assert_eq!(budget_end(&first).0, BudgetLimit::Requests);
     assert_eq!(f.model.requests(), (2, 1));
     let id = root.id();
     drop(root);
-    let Fixture { dir, model, host } = f;
+    let Fixture { host, model, dir } = f;
     host.close().await.unwrap();
 
     // A new process: the root resumed with no budget in its spec keeps the recorded one, and
     // its meter holds the child's request as well as its own two.
-    let f = Fixture {
-        host: Fixture::host(&dir, &model),
-        dir,
-        model,
-    };
+    let f = Fixture::over(dir, model);
     let root = within(f.host.agents.resume(id, f.spec(None)))
         .await
         .unwrap();

@@ -469,8 +469,7 @@ async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_ar
 
 #[tokio::test(start_paused = true)]
 async fn after_a_restart_send_message_cold_resumes_the_child_from_its_log_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("host.lineage");
+    let (_dir, path) = host_store();
     let (parent_id, child_id) = {
         let (router, agents, runtime) = reopen_with_spawn(&path);
         router

@@ -7,13 +7,16 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{Agents, BoxFuture, HookError, Hooks, PreStep, PreStepDecision, Response};
+use lineage_agent::{
+    Agent, Agents, BoxFuture, HookError, Hooks, PreStep, PreStepDecision, Response,
+};
 use lineage_log::{MessageSource, SessionId, TurnEndReason};
 use lineage_subagent::{
-    ContinuableRequest, ContinuableSetup, Installed, StopReason, SubagentRuntime,
+    ContinuableRequest, ContinuableSetup, Installed, Lifecycle, StopReason, SubagentRuntime,
 };
 use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Refuses any step whose input mentions "forbidden".
 struct Gatekeeper;
@@ -49,6 +52,18 @@ fn host(path: &std::path::Path) -> (Arc<Router>, Agents, SubagentRuntime) {
     (router, agents, runtime)
 }
 
+/// Sends `text` to `child` as `parent` and returns why the activation it starts stopped.
+async fn settles(
+    runtime: &SubagentRuntime,
+    parent: &Arc<Agent>,
+    life: &mut UnboundedReceiver<Lifecycle>,
+    child: SessionId,
+    text: &str,
+) -> StopReason {
+    send(runtime, parent, child, text).await.unwrap();
+    stop_of(&child_end(life, child).await)
+}
+
 /// The texts of the settlement notices `parent` has received.
 fn notices(agents: &Agents, parent: SessionId) -> Vec<String> {
     let parent = agents.get(parent).expect("the parent is live");
@@ -67,8 +82,7 @@ fn notices(agents: &Agents, parent: SessionId) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("host.lineage");
+    let (_dir, path) = host_store();
     let (parent_id, child) = {
         let (router, agents, runtime) = host(&path);
         router.model(PARENT).push([Response::text("ok")]);
@@ -102,21 +116,18 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
     router.model("worker").push([Response::text("done it")]);
     let parent = resumed_parent(&agents, parent_id).await;
     let (_, mut life) = listen(&runtime);
-    send(&runtime, &parent, child, "now the forbidden part")
-        .await
-        .unwrap();
-    assert_eq!(
-        stop_of(&child_end(&mut life, child).await),
-        StopReason::Refusal
-    );
+    let forbidden = settles(
+        &runtime,
+        &parent,
+        &mut life,
+        child,
+        "now the forbidden part",
+    )
+    .await;
+    assert_eq!(forbidden, StopReason::Refusal);
     assert!(router.model("worker").requests().is_empty());
-    send(&runtime, &parent, child, "now something fine")
-        .await
-        .unwrap();
-    assert_eq!(
-        stop_of(&child_end(&mut life, child).await),
-        StopReason::Completed
-    );
+    let fine = settles(&runtime, &parent, &mut life, child, "now something fine").await;
+    assert_eq!(fine, StopReason::Completed);
     assert_eq!(router.model("worker").requests().len(), 1);
 
     let events = agents.store().read_from(child, 0).unwrap();
@@ -134,8 +145,8 @@ async fn a_contributed_hook_refuses_a_childs_turn_before_and_after_a_cold_resume
 
 #[tokio::test(start_paused = true)]
 async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
-    let dir = tempfile::tempdir().unwrap();
-    let (router, agents, runtime) = reopen_with_spawn(&dir.path().join("host.lineage"));
+    let (_dir, path) = host_store();
+    let (router, agents, runtime) = reopen_with_spawn(&path);
     router.model(PARENT).push([
         Response::text("ok"),
         Response::text("ok"),
@@ -162,8 +173,8 @@ async fn hooks_given_with_the_request_apply_to_every_activation_of_the_child() {
         ("the forbidden thing, again", StopReason::Refusal),
         ("something fine", StopReason::Completed),
     ] {
-        send(&runtime, &parent, child, text).await.unwrap();
-        assert_eq!(stop_of(&child_end(&mut life, child).await), stop, "{text}");
+        let stopped = settles(&runtime, &parent, &mut life, child, text).await;
+        assert_eq!(stopped, stop, "{text}");
     }
     assert_eq!(router.model("worker").requests().len(), 1);
     within(parent.when_idle()).await;

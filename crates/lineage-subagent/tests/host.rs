@@ -45,6 +45,30 @@ impl Fixture {
             .expect("the root is created")
     }
 
+    /// Scripts the root to delegate "take forever" to a child whose model never answers, then
+    /// to answer with `then`, one response a request.
+    fn script_a_child_that_works_on(&self, then: impl IntoIterator<Item = Response>) {
+        self.router.script(CHILD, [Response::hang()]);
+        let delegating = std::iter::once(delegate("take forever")).chain(then);
+        self.router.script(PARENT, delegating);
+    }
+
+    /// A root that delegated a job to a child still working on it (see
+    /// [`Fixture::script_a_child_that_works_on`]), the root itself idle after answering
+    /// "running" and then with `then`.
+    async fn root_with_a_working_child(
+        &self,
+        then: impl IntoIterator<Item = Response>,
+    ) -> Arc<Agent> {
+        let answers = std::iter::once(Response::text("running")).chain(then);
+        self.script_a_child_that_works_on(answers);
+        let root = self.root().await;
+        root.followup(user("delegate a long job")).unwrap();
+        within(self.router.model(CHILD).wait_for_requests(1)).await;
+        within(root.when_idle()).await;
+        root
+    }
+
     /// Closes the host and reopens its store file, which must verify.
     async fn close_and_verify(self) -> Store {
         self.host.close().await.expect("the host closes");
@@ -178,17 +202,9 @@ async fn run_waits_for_a_continuable_child_that_reports_and_settles() {
 #[tokio::test(start_paused = true)]
 async fn run_until_stops_the_root_and_its_children_and_leaves_every_log_balanced() {
     let f = Fixture::new();
-    f.router.script(CHILD, [Response::hang()]);
     // The notice of the interrupted child wakes the root; that turn is cancelled too, wherever
     // it is, so its response hangs rather than depending on how far it got.
-    f.router.script(
-        PARENT,
-        [
-            delegate("take forever"),
-            Response::text("it is running"),
-            Response::hang(),
-        ],
-    );
+    f.script_a_child_that_works_on([Response::text("it is running"), Response::hang()]);
     let root = f.root().await;
     let child_model = f.router.model(CHILD);
     let outcome = within(f.host.run_until(
@@ -229,15 +245,7 @@ async fn run_until_stops_the_root_and_its_children_and_leaves_every_log_balanced
 #[tokio::test(start_paused = true)]
 async fn close_tears_down_a_resident_child_first_and_its_parent_is_told() {
     let f = Fixture::new();
-    f.router.script(CHILD, [Response::hang()]);
-    f.router.script(
-        PARENT,
-        [delegate("take forever"), Response::text("running")],
-    );
-    let root = f.root().await;
-    root.followup(user("delegate a long job")).unwrap();
-    within(f.router.model(CHILD).wait_for_requests(1)).await;
-    within(root.when_idle()).await;
+    let root = f.root_with_a_working_child([]).await;
     let root_id = root.id();
     drop(root);
     let store = within(f.close_and_verify()).await;
@@ -263,19 +271,7 @@ async fn close_tears_down_a_resident_child_first_and_its_parent_is_told() {
 #[tokio::test(start_paused = true)]
 async fn a_run_waits_only_for_its_own_tree() {
     let f = Fixture::new();
-    f.router.script(CHILD, [Response::hang()]);
-    f.router.script(
-        PARENT,
-        [
-            delegate("take forever"),
-            Response::text("running"),
-            Response::text("hello"),
-        ],
-    );
-    let busy = f.root().await;
-    busy.followup(user("delegate a long job")).unwrap();
-    within(f.router.model(CHILD).wait_for_requests(1)).await;
-    within(busy.when_idle()).await;
+    let busy = f.root_with_a_working_child([Response::text("hello")]).await;
 
     let other = f.root().await;
     let outcome = within(f.host.run(&other, "hi")).await.unwrap();

@@ -13,8 +13,7 @@ use lineage_testkit::subagent::*;
 /// the host, sends the child a follow-up and returns the child's model requests: the one before
 /// the restart and the one after it.
 async fn requests_across_a_restart(options: ChildOptions) -> (ModelRequest, ModelRequest) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("host.lineage");
+    let (_dir, path) = host_store();
     let (parent_id, child_id, before) = {
         let (router, agents, runtime) = reopen_with_spawn(&path);
         router.model("worker").push([Response::text("first")]);

@@ -2,7 +2,7 @@
 //! the `spawn` provider, send it a follow-up, create or resume a parent in a registry of its own,
 //! and reopen or stop a host built by [`reopen`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lineage_agent::{Agent, Agents, Cancellation, CreateAgent, Gate, Response, ScriptedModel};
@@ -85,6 +85,14 @@ pub fn gated_text(model: &ScriptedModel, text: &str) -> Gate {
     let gate = Gate::new();
     model.push([Response::text(text).gated(&gate)]);
     gate
+}
+
+/// A temporary directory and the path of a host's store file in it, for hosts [`reopen`]ed
+/// across a restart; the file goes with the directory.
+pub fn host_store() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("host.lineage");
+    (dir, path)
 }
 
 /// [`reopen`] with the `spawn` provider registered, as a host that delegates builds it.

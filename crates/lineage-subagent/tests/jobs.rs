@@ -31,6 +31,13 @@ async fn parent(h: &Harness) -> Arc<Agent> {
     h.parent_with(parent_spec(tools)).await
 }
 
+/// A model call of the one-shot `subagent` tool that starts `prompt` as a background job.
+fn in_background(id: &str, description: &str, prompt: &str) -> Response {
+    let arguments =
+        json!({"description": description, "prompt": prompt, "run_in_background": true});
+    call(id, "subagent", arguments)
+}
+
 fn job_notices(agent: &Agent) -> Vec<String> {
     agent
         .events()
@@ -64,12 +71,12 @@ async fn a_background_job_returns_its_id_at_once_and_its_owner_collects_the_resu
     let h = Harness::new();
     let gate = gated_text(&h.child_model(), "the survey is done");
     h.parent_model().push([
+        in_background("c1", "survey", "survey the code"),
         call(
-            "c1",
-            "subagent",
-            json!({"description": "survey", "prompt": "survey the code", "run_in_background": true}),
+            "c2",
+            "job_output",
+            json!({"job_id": "job-1", "wait": false}),
         ),
-        call("c2", "job_output", json!({"job_id": "job-1", "wait": false})),
         Response::text("started it"),
     ]);
     let parent = parent(&h).await;
@@ -121,11 +128,7 @@ async fn job_kill_stops_a_running_job_and_waits_for_it() {
     let h = Harness::new();
     h.child_model().push([Response::hang()]);
     h.parent_model().push([
-        call(
-            "c1",
-            "subagent",
-            json!({"description": "slow", "prompt": "take forever", "run_in_background": true}),
-        ),
+        in_background("c1", "slow", "take forever"),
         call("c2", "job_kill", json!({"job_id": "job-1"})),
         Response::text("killed it"),
         // The turn the job's notice starts.

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lineage_agent::{
-    AgentOptions, AgentSpec, CreateAgent, Gate, INVALID_ARGUMENTS, Queued, Response,
+    Agent, AgentOptions, AgentSpec, CreateAgent, Gate, INVALID_ARGUMENTS, Queued, Response,
     TOOL_NOT_AVAILABLE, Tool, ToolOutput,
 };
 use lineage_log::{
-    AbortCause, ApprovalPolicy, ContentBlock, DescriptorMode, Digest, EventBody, Origin,
+    AbortCause, ApprovalPolicy, ContentBlock, DescriptorMode, Digest, Event, EventBody, Origin,
     PolicySource, SandboxMode, SubagentDescriptor, Text, ToolFilter, TurnEndReason,
     fold_descriptor, fold_header, fold_lineage, fold_policy, seed_len,
 };
@@ -18,17 +18,18 @@ use lineage_subagent::tools::{MaxDepth, SubagentTool, SubagentToolConfig};
 use lineage_subagent::{
     ALREADY_RECORDED, Capabilities, Capability, DELEGATION_CONTEXT, DepthExceeded, ErrorCode,
     ForkProvider, Lifecycle, STRUCTURED_OUTPUT, SpawnProvider, StartRequest, StopReason,
-    SubagentError, SubagentRun, SubagentRuntime,
+    SubagentError, SubagentResult, SubagentRun, SubagentRuntime,
 };
 use lineage_testkit::continuation::*;
 use lineage_testkit::running_digests;
 use lineage_testkit::subagent::*;
 use serde_json::json;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 // ----- helpers -----------------------------------------------------------------------------------
 
 /// A request that uses every start option, each valid.
-fn every_option(parent: &Arc<lineage_agent::Agent>) -> StartRequest {
+fn every_option(parent: &Arc<Agent>) -> StartRequest {
     StartRequest {
         output_schema: Some(json!({"type": "object"})),
         max_depth: Some(5),
@@ -60,12 +61,13 @@ const CAPABILITIES: [Capability; 4] = [
 
 fn lacking(capability: Capability) -> Capabilities {
     let mut capabilities = Capabilities::ALL;
-    match capability {
-        Capability::OutputSchema => capabilities.output_schema = false,
-        Capability::DepthLimit => capabilities.depth_limit = false,
-        Capability::ToolFilter => capabilities.tool_filter = false,
-        Capability::Persona => capabilities.persona = false,
-    }
+    let supported = match capability {
+        Capability::OutputSchema => &mut capabilities.output_schema,
+        Capability::DepthLimit => &mut capabilities.depth_limit,
+        Capability::ToolFilter => &mut capabilities.tool_filter,
+        Capability::Persona => &mut capabilities.persona,
+    };
+    *supported = false;
     capabilities
 }
 
@@ -140,14 +142,201 @@ fn answer_to_prompt() -> Response {
     })
 }
 
+/// A harness whose parent model answers with `parent_answers` and whose child model answers with
+/// `child_answers`, one a request, in order.
+fn scripted(parent_answers: &[&str], child_answers: &[&str]) -> Harness {
+    let h = Harness::new();
+    h.parent_model()
+        .push(parent_answers.iter().map(|text| Response::text(text)));
+    h.child_model()
+        .push(child_answers.iter().map(|text| Response::text(text)));
+    h
+}
+
+/// What a refused start must leave as it was: the store's footprint (taken when the watch
+/// begins, and adjusted by a test that changes it on purpose), the lifecycle, which hears
+/// nothing, and the child model, never asked.
+struct Untouched {
+    footprint: Footprint,
+    lifecycle: UnboundedReceiver<Lifecycle>,
+}
+
+impl Untouched {
+    fn watch(h: &Harness) -> Untouched {
+        let (_, lifecycle) = listen(&h.runtime);
+        Untouched {
+            footprint: h.footprint(),
+            lifecycle,
+        }
+    }
+
+    fn assert_untouched(mut self, h: &Harness) {
+        assert_eq!(
+            h.footprint(),
+            self.footprint,
+            "a refusal stores and publishes nothing"
+        );
+        assert!(
+            drain(&mut self.lifecycle).is_empty(),
+            "a refusal emits no event"
+        );
+        assert!(
+            h.child_model().requests().is_empty(),
+            "no child asked its model"
+        );
+    }
+}
+
+/// A harness, its parent, and a watch (see [`Untouched`]) begun once the parent exists.
+async fn a_watched_parent() -> (Harness, Arc<Agent>, Untouched) {
+    let h = Harness::new();
+    let parent = h.parent().await;
+    let watch = Untouched::watch(&h);
+    (h, parent, watch)
+}
+
+/// A parent of `h` that has completed one turn, on "hello".
+async fn parent_after_a_turn(h: &Harness) -> Arc<Agent> {
+    let parent = h.parent().await;
+    run_turn(&parent, "hello").await;
+    parent
+}
+
+/// Starts `start()` through `spawn` and then through `fork`, checks that both refuse it with
+/// `code`, and returns their errors.
+async fn refused_by_both(
+    h: &Harness,
+    start: impl Fn() -> StartRequest,
+    code: ErrorCode,
+) -> Vec<SubagentError> {
+    let mut errors = Vec::new();
+    for provider in ["spawn", "fork"] {
+        let error = refusal(h.runtime.start(provider, start()).await);
+        assert_eq!(error.code(), code, "{provider}: {error}");
+        errors.push(error);
+    }
+    errors
+}
+
+/// Asks `spawn` for `start`, runs `interrupt` before the start is awaited, and checks that the
+/// start is refused with `code` and, no child created, leaves what `watch` holds as it was.
+async fn interrupted_before_the_child_exists(
+    h: &Harness,
+    watch: Untouched,
+    start: StartRequest,
+    interrupt: impl Future<Output = ()>,
+    code: ErrorCode,
+) {
+    let starting = h.runtime.start("spawn", start);
+    interrupt.await;
+    let error = refusal(within(starting).await);
+    assert_eq!(error.code(), code, "{error}");
+    watch.assert_untouched(h);
+}
+
+/// Starts `start` through `provider` and waits for its result.
+async fn finished(
+    h: &Harness,
+    provider: &str,
+    start: StartRequest,
+) -> (SubagentRun, SubagentResult) {
+    let run = within(h.runtime.start(provider, start))
+        .await
+        .expect("the run starts");
+    let result = within(run.result()).await.expect("the run has a result");
+    (run, result)
+}
+
+/// Starts `start` through `spawn`, its child to answer `answer` once the returned gate opens, and
+/// waits until the child asked its model.
+async fn working(h: &Harness, start: StartRequest, answer: &str) -> (SubagentRun, Gate) {
+    let gate = gated_text(&h.child_model(), answer);
+    let run = within(h.runtime.start("spawn", start))
+        .await
+        .expect("the run starts");
+    within(h.child_model().wait_for_requests(1)).await;
+    (run, gate)
+}
+
+/// A harness and its parent whose tools are the `subagent` tool `config` builds (see
+/// [`subagent_tool`]).
+async fn delegating(config: SubagentToolConfig) -> (Harness, Arc<Agent>) {
+    let h = Harness::new();
+    let tool = subagent_tool(&h, config);
+    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    (h, parent)
+}
+
+/// The `subagent` tool over `spawn` whose children may delegate `depth` levels below the
+/// caller.
+fn limited_to(depth: u32) -> SubagentToolConfig {
+    SubagentToolConfig {
+        max_depth: MaxDepth::Limit(depth),
+        ..SubagentToolConfig::new("spawn")
+    }
+}
+
+/// A harness and its parent whose `delegate` tool forks a child (see [`delegate_tool`]), and the
+/// slot that tool keeps the run in. The parent's model answers with `answers_before`, then calls
+/// `delegate`, then says "parent done"; the child answers "child answer".
+async fn forking_parent(
+    answers_before: &[&str],
+) -> (Harness, Arc<Agent>, Arc<Mutex<Option<SubagentRun>>>) {
+    let h = scripted(answers_before, &["child answer"]);
+    h.parent_model().push([
+        Response::tool_call("c1", "delegate", "{}"),
+        Response::text("parent done"),
+    ]);
+    let slot = Arc::new(Mutex::new(None));
+    let tool = delegate_tool(&h.runtime, "fork", slot.clone());
+    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    (h, parent, slot)
+}
+
+/// A parent of `h` at delegation depth `depth`.
+async fn parent_at_depth(h: &Harness, depth: u32) -> Arc<Agent> {
+    h.parent_with(AgentSpec {
+        options: AgentOptions {
+            subagent_depth: depth,
+            ..parent_options()
+        },
+        ..AgentSpec::default()
+    })
+    .await
+}
+
+/// The spec of a parent with the tools `echo` and `search`.
+fn echo_and_search() -> AgentSpec {
+    parent_spec(vec![plain_tool("echo"), plain_tool("search")])
+}
+
+/// Checks that a child's log `events` is balanced and its one turn was aborted by its parent.
+fn assert_aborted_by_its_parent(events: Vec<Event>) {
+    assert_balanced(&events);
+    assert_eq!(
+        turn_ends(&events),
+        [TurnEndReason::Aborted {
+            cause: AbortCause::Parent
+        }]
+    );
+}
+
+/// Checks that `answer` is an error with `code` whose text holds each of `texts`.
+fn assert_failed(answer: &Answer, code: &str, texts: &[&str]) {
+    assert!(answer.is_error, "{answer:?}");
+    assert_eq!(answer.code.as_deref(), Some(code));
+    for text in texts {
+        assert!(answer.text.contains(text), "{}", answer.text);
+    }
+}
+
 // ----- validation ------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn a_start_naming_no_registered_provider_is_refused_with_no_provider() {
     let h = Harness::bare();
     let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let watch = Untouched::watch(&h);
 
     let error = refusal(h.runtime.start("spawn", request(&parent, "task")).await);
     assert_eq!(error.code(), ErrorCode::NoProvider);
@@ -170,22 +359,16 @@ async fn a_start_naming_no_registered_provider_is_refused_with_no_provider() {
     assert_eq!(error.code(), ErrorCode::NoProvider);
     assert!(error.message().contains("\"fork\""), "{error}");
 
-    let mut after = h.footprint();
-    after.live.insert(parent.id());
-    assert_eq!(after, before, "a refusal stores and publishes nothing");
-    assert!(drain(&mut lifecycle).is_empty(), "a refusal emits no event");
-    assert!(h.child_model().requests().is_empty());
+    let mut watch = watch;
+    watch.footprint.live.remove(&parent.id());
+    watch.assert_untouched(&h);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_provider_refuses_new_starts_while_its_running_child_finishes() {
     let h = Harness::new();
-    let gate = gated_text(&h.child_model(), "finished anyway");
     let parent = h.parent().await;
-    let run = within(h.runtime.start("spawn", request(&parent, "long task")))
-        .await
-        .expect("the run starts");
-    within(h.child_model().wait_for_requests(1)).await;
+    let (run, gate) = working(&h, request(&parent, "long task"), "finished anyway").await;
 
     let removed = h.runtime.remove_provider("spawn").expect("spawn was there");
     assert_eq!(removed.name(), "spawn");
@@ -211,8 +394,7 @@ async fn unsupported_capabilities_are_refused_in_the_documented_order_naming_eac
     let none = CannedProvider::new("limited", Capabilities::NONE);
     h.runtime.register_provider(none.clone()).unwrap();
     let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let watch = Untouched::watch(&h);
 
     // Everything is unsupported: the first option in the documented order is named, and dropping
     // it names the next.
@@ -249,8 +431,7 @@ async fn unsupported_capabilities_are_refused_in_the_documented_order_naming_eac
             "{error}"
         );
     }
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
+    watch.assert_untouched(&h);
 
     // A request using none of them goes through.
     let run = h.runtime.start("limited", request).await.expect("starts");
@@ -269,8 +450,7 @@ async fn the_checks_run_provider_then_capability_then_schema_then_parent_then_de
         .unwrap();
     let parent = h.parent().await;
     parent.dispose().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let watch = Untouched::watch(&h);
     let bad_schema = StartRequest {
         output_schema: Some(json!({"type": "string"})),
         max_depth: Some(0),
@@ -302,22 +482,26 @@ async fn the_checks_run_provider_then_capability_then_schema_then_parent_then_de
         ErrorCode::ParentUnavailable,
         "the parent is checked before the depth"
     );
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
+    watch.assert_untouched(&h);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_output_schema_outside_the_supported_subset_is_an_invalid_request() {
-    let h = Harness::new();
-    let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
-    for schema in [
-        json!({"type": "string"}),
-        json!(["object"]),
-        json!({"properties": {"a": {"type": "string"}}}),
-        json!({"type": "object", "properties": {"a": {"$ref": "#/defs/a"}}}),
-        json!({"type": "object", "required": "a"}),
+    let (h, parent, watch) = a_watched_parent().await;
+    // Each schema, and the part of it its refusal names where it names one.
+    for (schema, pointer) in [
+        (json!({"type": "string"}), None),
+        (json!(["object"]), None),
+        (json!({"properties": {"a": {"type": "string"}}}), None),
+        (
+            json!({"type": "object", "properties": {"a": {"$ref": "#/defs/a"}}}),
+            None,
+        ),
+        (json!({"type": "object", "required": "a"}), None),
+        (
+            json!({"type": "object", "properties": {"a": {"$ref": "#/x"}}}),
+            Some("/properties/a/$ref"),
+        ),
     ] {
         let start = StartRequest {
             output_schema: Some(schema.clone()),
@@ -330,30 +514,19 @@ async fn an_output_schema_outside_the_supported_subset_is_an_invalid_request() {
             error.message().starts_with("invalid output schema"),
             "{error}"
         );
+        if let Some(pointer) = pointer {
+            assert!(error.message().contains(pointer), "{error}");
+        }
     }
-    // The pointer of the offending part is named.
-    let start = StartRequest {
-        output_schema: Some(json!({"type": "object", "properties": {"a": {"$ref": "#/x"}}})),
-        ..request(&parent, "task")
-    };
-    let error = refusal(h.runtime.start("spawn", start).await);
-    assert!(error.message().contains("/properties/a/$ref"), "{error}");
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
-    assert!(h.child_model().requests().is_empty());
+    watch.assert_untouched(&h);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_parent_that_is_not_the_live_agent_is_refused_with_parent_unavailable() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("hi")]);
-    h.child_model()
-        .push([Response::text("from the resumed parent's child")]);
-    let parent = h.parent().await;
-    run_turn(&parent, "hello").await;
+    let h = scripted(&["hi"], &["from the resumed parent's child"]);
+    let parent = parent_after_a_turn(&h).await;
     parent.dispose().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let watch = Untouched::watch(&h);
 
     let error = refusal(h.runtime.start("spawn", request(&parent, "task")).await);
     assert_eq!(error.code(), ErrorCode::ParentUnavailable);
@@ -372,10 +545,9 @@ async fn a_parent_that_is_not_the_live_agent_is_refused_with_parent_unavailable(
         .expect("the parent resumes");
     let error = refusal(h.runtime.start("fork", request(&parent, "task")).await);
     assert_eq!(error.code(), ErrorCode::ParentUnavailable);
-    let mut expected = before.clone();
-    expected.live.insert(resumed.id());
-    assert_eq!(h.footprint(), expected);
-    assert!(drain(&mut lifecycle).is_empty());
+    let mut watch = watch;
+    watch.footprint.live.insert(resumed.id());
+    watch.assert_untouched(&h);
 
     let run = within(h.runtime.start("spawn", request(&resumed, "task")))
         .await
@@ -387,29 +559,17 @@ async fn a_parent_that_is_not_the_live_agent_is_refused_with_parent_unavailable(
 
 #[tokio::test(start_paused = true)]
 async fn a_child_deeper_than_max_depth_is_refused_with_the_attempted_and_allowed_depths() {
-    let h = Harness::new();
-    h.child_model().push([Response::text("deep enough")]);
+    let h = scripted(&[], &["deep enough"]);
     let top = h.parent().await;
-    let deep = h
-        .parent_with(AgentSpec {
-            options: AgentOptions {
-                subagent_depth: 2,
-                ..parent_options()
-            },
-            ..AgentSpec::default()
-        })
-        .await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let deep = parent_at_depth(&h, 2).await;
+    let watch = Untouched::watch(&h);
 
     for (parent, max, attempted) in [(&top, 0, 1), (&deep, 2, 3), (&deep, 0, 3)] {
-        for provider in ["spawn", "fork"] {
-            let start = StartRequest {
-                max_depth: Some(max),
-                ..request(parent, "task")
-            };
-            let error = refusal(h.runtime.start(provider, start).await);
-            assert_eq!(error.code(), ErrorCode::DepthExceeded, "{error}");
+        let too_deep = || StartRequest {
+            max_depth: Some(max),
+            ..request(parent, "task")
+        };
+        for error in refused_by_both(&h, too_deep, ErrorCode::DepthExceeded).await {
             assert_eq!(error.code().as_str(), "DEPTH_EXCEEDED");
             assert_eq!(
                 error.depth_exceeded(),
@@ -419,9 +579,7 @@ async fn a_child_deeper_than_max_depth_is_refused_with_the_attempted_and_allowed
             assert!(error.message().contains(&attempted.to_string()));
         }
     }
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
-    assert!(h.child_model().requests().is_empty());
+    watch.assert_untouched(&h);
 
     // At the limit the child is allowed.
     let start = StartRequest {
@@ -471,84 +629,63 @@ async fn registering_a_taken_provider_name_is_refused_and_keeps_the_first() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_cancelled_before_it_starts_is_refused_with_cancelled() {
-    let h = Harness::new();
-    let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
-    for provider in ["spawn", "fork"] {
+    let (h, parent, watch) = a_watched_parent().await;
+    let cancelled = || {
         let start = request(&parent, "task");
         start.cancel.cancel(AbortCause::User);
-        let error = refusal(h.runtime.start(provider, start).await);
-        assert_eq!(error.code(), ErrorCode::Cancelled, "{error}");
+        start
+    };
+    for error in refused_by_both(&h, cancelled, ErrorCode::Cancelled).await {
         assert_eq!(error.code().as_str(), "CANCELLED");
     }
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
-    assert!(h.child_model().requests().is_empty());
+    watch.assert_untouched(&h);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_cancelled_before_the_child_is_created_is_refused_with_cancelled() {
-    let h = Harness::new();
-    let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
+    let (h, parent, watch) = a_watched_parent().await;
     let start = request(&parent, "task");
     let cancel = start.cancel.clone();
-    let starting = h.runtime.start("spawn", start);
-    cancel.cancel(AbortCause::User);
-    let error = refusal(within(starting).await);
-    assert_eq!(error.code(), ErrorCode::Cancelled, "{error}");
-    assert_eq!(h.footprint(), before, "no child was created");
-    assert!(drain(&mut lifecycle).is_empty());
+    let cancelling = async move {
+        cancel.cancel(AbortCause::User);
+    };
+    interrupted_before_the_child_exists(&h, watch, start, cancelling, ErrorCode::Cancelled).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_parent_disposed_before_the_child_is_created_is_refused_with_parent_unavailable() {
     let h = Harness::new();
     let parent = h.parent_with(parent_spec(vec![plain_tool("search")])).await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let mut before = h.footprint();
-    before.live.remove(&parent.id());
-    let starting = h.runtime.start("spawn", request(&parent, "task"));
-    parent.dispose().await;
-    let error = refusal(within(starting).await);
-    assert_eq!(error.code(), ErrorCode::ParentUnavailable, "{error}");
-    assert_eq!(h.footprint(), before, "no child was created");
-    assert!(drain(&mut lifecycle).is_empty());
+    // The parent leaves: that is all that changes.
+    let mut watch = Untouched::watch(&h);
+    watch.footprint.live.remove(&parent.id());
+    let start = request(&parent, "task");
+    let unavailable = ErrorCode::ParentUnavailable;
+    interrupted_before_the_child_exists(&h, watch, start, parent.dispose(), unavailable).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_child_the_registry_refuses_leaves_nothing_behind() {
-    let h = Harness::new();
-    let parent = h.parent().await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
-    for provider in ["spawn", "fork"] {
+    let (h, parent, watch) = a_watched_parent().await;
+    let no_tokens = || {
         let mut start = request(&parent, "task");
         start.agent_options.max_tokens = Some(0);
-        let error = refusal(h.runtime.start(provider, start).await);
-        assert_eq!(error.code(), ErrorCode::InvalidRequest, "{error}");
+        start
+    };
+    for error in refused_by_both(&h, no_tokens, ErrorCode::InvalidRequest).await {
         assert!(error.message().contains("max_tokens"), "{error}");
     }
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
+    watch.assert_untouched(&h);
 }
 
 // ----- seeds -----------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn a_spawn_child_starts_fresh_with_its_lineage_at_seq_zero() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("first answer")]);
-    h.child_model().push([Response::text("child answer")]);
-    let parent = h.parent().await;
-    run_turn(&parent, "hello").await;
+    let h = scripted(&["first answer"], &["child answer"]);
+    let parent = parent_after_a_turn(&h).await;
 
-    let run = within(h.runtime.start("spawn", request(&parent, "child task")))
-        .await
-        .unwrap();
-    let result = within(run.result()).await.unwrap();
+    let (run, result) = finished(&h, "spawn", request(&parent, "child task")).await;
     assert_eq!(result.text(), "child answer");
     let events = run.local_agent().unwrap().events();
     assert_eq!(seed_len(&events), 0);
@@ -568,21 +705,7 @@ async fn a_spawn_child_starts_fresh_with_its_lineage_at_seq_zero() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_inherits_the_completed_turns_but_not_the_turn_in_flight() {
-    let h = Harness::new();
-    let slot = Arc::new(Mutex::new(None));
-    let parent = h
-        .parent_with(parent_spec(vec![delegate_tool(
-            &h.runtime,
-            "fork",
-            slot.clone(),
-        )]))
-        .await;
-    h.parent_model().push([
-        Response::text("first answer"),
-        Response::tool_call("c1", "delegate", "{}"),
-        Response::text("parent done"),
-    ]);
-    h.child_model().push([Response::text("child answer")]);
+    let (h, parent, slot) = forking_parent(&["first answer"]).await;
     run_turn(&parent, "hello").await;
     let completed = parent.events();
     assert_eq!(completed.last().unwrap().kind().name(), "turn/end");
@@ -643,8 +766,7 @@ async fn a_fork_asked_for_from_outside_while_the_parent_is_mid_turn_inherits_onl
         Response::text("second answer").gated(&gate),
     ]);
     h.child_model().push([Response::text("child answer")]);
-    let parent = h.parent().await;
-    run_turn(&parent, "hello").await;
+    let parent = parent_after_a_turn(&h).await;
     let completed = parent.events();
     parent.followup(user("second question")).unwrap();
     within(h.parent_model().wait_for_requests(2)).await;
@@ -653,10 +775,7 @@ async fn a_fork_asked_for_from_outside_while_the_parent_is_mid_turn_inherits_onl
         "the second turn is open"
     );
 
-    let run = within(h.runtime.start("fork", request(&parent, "child task")))
-        .await
-        .unwrap();
-    let result = within(run.result()).await.unwrap();
+    let (run, result) = finished(&h, "fork", request(&parent, "child task")).await;
     assert_eq!(result.text(), "child answer");
     let events = run.local_agent().unwrap().events();
     assert_eq!(seed_len(&events), completed.len() as u64);
@@ -679,20 +798,7 @@ async fn a_fork_asked_for_from_outside_while_the_parent_is_mid_turn_inherits_onl
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_of_a_parent_without_a_completed_turn_starts_fresh() {
-    let h = Harness::new();
-    let slot = Arc::new(Mutex::new(None));
-    let parent = h
-        .parent_with(parent_spec(vec![delegate_tool(
-            &h.runtime,
-            "fork",
-            slot.clone(),
-        )]))
-        .await;
-    h.parent_model().push([
-        Response::tool_call("c1", "delegate", "{}"),
-        Response::text("parent done"),
-    ]);
-    h.child_model().push([Response::text("child answer")]);
+    let (h, parent, slot) = forking_parent(&[]).await;
     run_turn(&parent, "delegate at once").await;
 
     let run = lock(&slot).clone().expect("the tool started a run");
@@ -713,14 +819,8 @@ async fn a_fork_of_a_parent_without_a_completed_turn_starts_fresh() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_reads_the_parent_as_it_was_when_the_delegation_was_asked_for() {
-    let h = Harness::new();
-    h.parent_model().push([
-        Response::text("first answer"),
-        Response::text("second answer"),
-    ]);
-    h.child_model().push([Response::text("child answer")]);
-    let parent = h.parent().await;
-    run_turn(&parent, "hello").await;
+    let h = scripted(&["first answer", "second answer"], &["child answer"]);
+    let parent = parent_after_a_turn(&h).await;
     let completed = parent.events().len();
 
     let starting = h.runtime.start("fork", request(&parent, "child task"));
@@ -741,12 +841,8 @@ async fn a_fork_reads_the_parent_as_it_was_when_the_delegation_was_asked_for() {
 
 #[tokio::test(start_paused = true)]
 async fn the_lineage_descriptor_and_policy_open_the_childs_own_suffix_and_the_header_agrees() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("first answer")]);
-    h.child_model()
-        .push([Response::text("spawned"), Response::text("forked")]);
-    let parent = h.parent().await;
-    run_turn(&parent, "hello").await;
+    let h = scripted(&["first answer"], &["spawned", "forked"]);
+    let parent = parent_after_a_turn(&h).await;
     let completed = parent.events().len() as u64;
 
     for (provider, seed) in [("spawn", 0), ("fork", completed)] {
@@ -754,8 +850,7 @@ async fn the_lineage_descriptor_and_policy_open_the_childs_own_suffix_and_the_he
             label: Some("inspect the logs".into()),
             ..request(&parent, "child task")
         };
-        let run = within(h.runtime.start(provider, start)).await.unwrap();
-        within(run.result()).await.unwrap();
+        let (run, _) = finished(&h, provider, start).await;
         let child = run.local_agent().unwrap().clone();
         assert_eq!(run.id(), child.id());
         let events = child.events();
@@ -814,20 +909,14 @@ async fn the_lineage_descriptor_and_policy_open_the_childs_own_suffix_and_the_he
 
 #[tokio::test(start_paused = true)]
 async fn a_child_keeps_its_parents_working_directory_and_a_spawn_child_its_preset() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("first answer")]);
-    h.child_model()
-        .push([Response::text("a"), Response::text("b")]);
+    let h = scripted(&["first answer"], &["a", "b"]);
     let mut create = CreateAgent::fresh(parent_spec(Vec::new()));
     create.header.cwd = Some("/work/project".into());
     create.header.agent_preset = Some("reviewer".into());
     let parent = h.agents.create(create).await.unwrap();
     run_turn(&parent, "hello").await;
     for provider in ["spawn", "fork"] {
-        let run = within(h.runtime.start(provider, request(&parent, "task")))
-            .await
-            .unwrap();
-        within(run.result()).await.unwrap();
+        let (run, _) = finished(&h, provider, request(&parent, "task")).await;
         let header = h.store.info(run.id()).unwrap().header;
         assert_eq!(header.cwd.as_deref(), Some("/work/project"), "{provider}");
         if provider == "spawn" {
@@ -839,17 +928,12 @@ async fn a_child_keeps_its_parents_working_directory_and_a_spawn_child_its_prese
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_child_keeps_its_parents_agent_preset() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("first answer")]);
-    h.child_model().push([Response::text("forked")]);
+    let h = scripted(&["first answer"], &["forked"]);
     let mut create = CreateAgent::fresh(parent_spec(Vec::new()));
     create.header.agent_preset = Some("reviewer".into());
     let parent = h.agents.create(create).await.unwrap();
     run_turn(&parent, "hello").await;
-    let run = within(h.runtime.start("fork", request(&parent, "task")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "fork", request(&parent, "task")).await;
     let child = run.local_agent().unwrap().clone();
     assert_eq!(child.header().agent_preset.as_deref(), Some("reviewer"));
     let header = h.store.info(run.id()).unwrap().header;
@@ -861,23 +945,10 @@ async fn a_fork_child_keeps_its_parents_agent_preset() {
 
 #[tokio::test(start_paused = true)]
 async fn a_childs_depth_is_one_below_its_parents_depth_floor() {
-    let h = Harness::new();
-    h.child_model()
-        .push([Response::text("a"), Response::text("b")]);
-    let deep = h
-        .parent_with(AgentSpec {
-            options: AgentOptions {
-                subagent_depth: 3,
-                ..parent_options()
-            },
-            ..AgentSpec::default()
-        })
-        .await;
+    let h = scripted(&[], &["a", "b"]);
+    let deep = parent_at_depth(&h, 3).await;
     for provider in ["spawn", "fork"] {
-        let run = within(h.runtime.start(provider, request(&deep, "task")))
-            .await
-            .unwrap();
-        within(run.result()).await.unwrap();
+        let (run, _) = finished(&h, provider, request(&deep, "task")).await;
         let child = run.local_agent().unwrap().clone();
         assert_eq!(child.delegation_depth(), 4, "{provider}");
         assert_eq!(child.options().subagent_depth, 4, "{provider}");
@@ -889,14 +960,9 @@ async fn a_childs_depth_is_one_below_its_parents_depth_floor() {
 
 #[tokio::test(start_paused = true)]
 async fn a_resumed_parent_counts_depth_from_its_stored_lineage_not_a_lower_option() {
-    let h = Harness::new();
-    h.child_model()
-        .push([Response::text("child"), Response::text("grandchild")]);
+    let h = scripted(&[], &["child", "grandchild"]);
     let parent = h.parent().await;
-    let run = within(h.runtime.start("spawn", request(&parent, "task")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "spawn", request(&parent, "task")).await;
     let child_id = run.id();
     within(run.dispose()).await.unwrap();
     assert!(
@@ -935,10 +1001,7 @@ async fn a_resumed_parent_counts_depth_from_its_stored_lineage_not_a_lower_optio
         })
     );
 
-    let run = within(h.runtime.start("spawn", request(&child, "grandchild task")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "spawn", request(&child, "grandchild task")).await;
     let grandchild = run.local_agent().unwrap().clone();
     let lineage = fold_lineage(&grandchild.events()).unwrap().clone();
     assert_eq!(lineage.parent, child_id);
@@ -965,23 +1028,31 @@ fn sandbox(mode: &str, source: PolicySource) -> SandboxMode {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_parents_sandbox_is_captured_when_the_delegation_is_asked_for() {
-    let h = Harness::new();
-    h.child_model().push([Response::text("done")]);
-    let parent = h.parent().await;
-    parent
-        .record(sandbox("read-only", PolicySource::Own))
-        .unwrap();
-
-    let starting = h.runtime.start("spawn", request(&parent, "task"));
+/// Delegates a spawn child's task from `parent`, which switches its sandbox to
+/// `danger-full-access` right after asking; returns the finished run and the child's log.
+async fn child_of_a_switching_parent(
+    h: &Harness,
+    parent: &Arc<Agent>,
+) -> (SubagentRun, Vec<Event>) {
+    let starting = h.runtime.start("spawn", request(parent, "task"));
     parent
         .record(sandbox("danger-full-access", PolicySource::Own))
         .unwrap();
     let run = within(starting).await.unwrap();
     within(run.result()).await.unwrap();
-
     let events = run.local_agent().unwrap().events();
+    (run, events)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_parents_sandbox_is_captured_when_the_delegation_is_asked_for() {
+    let h = scripted(&[], &["done"]);
+    let parent = h.parent().await;
+    parent
+        .record(sandbox("read-only", PolicySource::Own))
+        .unwrap();
+
+    let (run, events) = child_of_a_switching_parent(&h, &parent).await;
     assert_eq!(
         kinds(&events[..4]),
         [
@@ -1004,16 +1075,9 @@ async fn the_parents_sandbox_is_captured_when_the_delegation_is_asked_for() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unswitched_parent_pins_only_the_never_approval_policy() {
-    let h = Harness::new();
-    h.child_model().push([Response::text("done")]);
+    let h = scripted(&[], &["done"]);
     let parent = h.parent().await;
-    let starting = h.runtime.start("spawn", request(&parent, "task"));
-    parent
-        .record(sandbox("danger-full-access", PolicySource::Own))
-        .unwrap();
-    let run = within(starting).await.unwrap();
-    within(run.result()).await.unwrap();
-    let events = run.local_agent().unwrap().events();
+    let (run, events) = child_of_a_switching_parent(&h, &parent).await;
     assert!(
         !kinds(&events).contains(&"sandbox/mode"),
         "{:?}",
@@ -1033,9 +1097,7 @@ async fn an_unswitched_parent_pins_only_the_never_approval_policy() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_childs_policy_comes_from_the_delegation_not_its_inherited_prefix() {
-    let h = Harness::new();
-    h.parent_model().push([Response::text("first answer")]);
-    h.child_model().push([Response::text("done")]);
+    let h = scripted(&["first answer"], &["done"]);
     let parent = h.parent().await;
     // Recorded before the first turn: inside the prefix the child inherits.
     parent
@@ -1048,10 +1110,7 @@ async fn a_fork_childs_policy_comes_from_the_delegation_not_its_inherited_prefix
         .record(sandbox("workspace-write", PolicySource::Own))
         .unwrap();
 
-    let run = within(h.runtime.start("fork", request(&parent, "task")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "fork", request(&parent, "task")).await;
     let events = run.local_agent().unwrap().events();
     let seed = seed_len(&events) as usize;
     assert!(seed > 0);
@@ -1081,7 +1140,7 @@ async fn a_fork_childs_policy_comes_from_the_delegation_not_its_inherited_prefix
 
 // ----- results ---------------------------------------------------------------------------------
 
-async fn one_shot(h: &Harness, start: StartRequest) -> lineage_subagent::SubagentResult {
+async fn one_shot(h: &Harness, start: StartRequest) -> SubagentResult {
     let run = within(h.runtime.start("spawn", start))
         .await
         .expect("the run starts");
@@ -1140,6 +1199,14 @@ fn counted() -> serde_json::Value {
     })
 }
 
+/// A request from `parent` to "count them", answered by a structured result of [`counted`].
+fn counting(parent: &Arc<Agent>) -> StartRequest {
+    StartRequest {
+        output_schema: Some(counted()),
+        ..request(parent, "count them")
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_structured_result_is_captured_after_an_invalid_attempt() {
     let h = Harness::new();
@@ -1148,12 +1215,7 @@ async fn a_structured_result_is_captured_after_an_invalid_attempt() {
         Response::tool_call("s1", STRUCTURED_OUTPUT, r#"{"count":"many"}"#),
         Response::tool_call("s2", STRUCTURED_OUTPUT, r#"{"count":3}"#),
     ]);
-    let start = StartRequest {
-        output_schema: Some(counted()),
-        ..request(&parent, "count them")
-    };
-    let run = within(h.runtime.start("spawn", start)).await.unwrap();
-    let result = within(run.result()).await.unwrap();
+    let (run, result) = finished(&h, "spawn", counting(&parent)).await;
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(result.structured, Some(json!({"count": 3})));
 
@@ -1180,11 +1242,7 @@ async fn a_child_that_finishes_without_a_structured_result_fails() {
     let h = Harness::new();
     let parent = h.parent().await;
     h.child_model().push([Response::text("three, I think")]);
-    let start = StartRequest {
-        output_schema: Some(counted()),
-        ..request(&parent, "count them")
-    };
-    let result = one_shot(&h, start).await;
+    let result = one_shot(&h, counting(&parent)).await;
     assert_eq!(result.stop_reason, StopReason::Error);
     assert_eq!(result.structured, None);
     assert_eq!(result.text(), "three, I think");
@@ -1203,12 +1261,7 @@ async fn a_second_structured_result_is_refused_and_the_first_is_kept() {
             ("s2", STRUCTURED_OUTPUT, r#"{"count":2}"#),
         ],
     )]);
-    let start = StartRequest {
-        output_schema: Some(counted()),
-        ..request(&parent, "count them")
-    };
-    let run = within(h.runtime.start("spawn", start)).await.unwrap();
-    let result = within(run.result()).await.unwrap();
+    let (run, result) = finished(&h, "spawn", counting(&parent)).await;
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(result.structured, Some(json!({"count": 1})));
     let answers = tool_results(&run.local_agent().unwrap().events());
@@ -1221,12 +1274,10 @@ async fn a_second_structured_result_is_refused_and_the_first_is_kept() {
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_request_aborts_the_child_with_cause_parent() {
     let h = Harness::new();
-    let gate = gated_text(&h.child_model(), "too late");
     let parent = h.parent().await;
     let start = request(&parent, "task");
     let cancel = start.cancel.clone();
-    let run = within(h.runtime.start("spawn", start)).await.unwrap();
-    within(h.child_model().wait_for_requests(1)).await;
+    let (run, gate) = working(&h, start, "too late").await;
     cancel.cancel(AbortCause::User);
     let result = within(run.result()).await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Aborted);
@@ -1248,12 +1299,8 @@ async fn cancelling_the_request_aborts_the_child_with_cause_parent() {
 #[tokio::test(start_paused = true)]
 async fn disposing_a_run_cancels_a_working_child_and_releases_it() {
     let h = Harness::new();
-    let gate = gated_text(&h.child_model(), "too late");
     let parent = h.parent().await;
-    let run = within(h.runtime.start("spawn", request(&parent, "task")))
-        .await
-        .unwrap();
-    within(h.child_model().wait_for_requests(1)).await;
+    let (run, gate) = working(&h, request(&parent, "task"), "too late").await;
     let child = run.local_agent().unwrap().clone();
     within(run.dispose()).await.unwrap();
     within(run.dispose()).await.expect("disposal is idempotent");
@@ -1271,9 +1318,7 @@ async fn disposing_a_run_cancels_a_working_child_and_releases_it() {
 
 #[tokio::test(start_paused = true)]
 async fn child_options_persona_and_the_delegation_context_reach_the_childs_requests() {
-    let h = Harness::new();
-    h.child_model().push([Response::text("checked")]);
-    h.parent_model().push([Response::text("inherited")]);
+    let h = scripted(&["inherited"], &["checked"]);
     let parent = h.parent().await;
     let mut start = StartRequest {
         persona: Some("You check facts.".into()),
@@ -1361,8 +1406,7 @@ async fn lifecycle_events_pair_a_start_before_an_end_with_a_fresh_run_id_per_run
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_or_panicking_listener_disturbs_neither_the_run_nor_other_listeners() {
-    let h = Harness::new();
-    h.child_model().push([Response::text("fine")]);
+    let h = scripted(&[], &["fine"]);
     let parent = h.parent().await;
     let failures = Arc::new(AtomicUsize::new(0));
     let panics = Arc::new(AtomicUsize::new(0));
@@ -1397,9 +1441,7 @@ async fn a_failing_or_panicking_listener_disturbs_neither_the_run_nor_other_list
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_listener_hears_nothing_more() {
-    let h = Harness::new();
-    h.child_model()
-        .push([Response::text("one"), Response::text("two")]);
+    let h = scripted(&[], &["one", "two"]);
     let parent = h.parent().await;
     let (id, mut removed) = listen(&h.runtime);
     let (_, mut kept) = listen(&h.runtime);
@@ -1566,9 +1608,7 @@ async fn the_tool_describes_a_fork_differently_from_a_spawn() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delegation_through_the_tool_returns_the_childs_answer_to_the_parent() {
-    let h = Harness::new();
-    let tool = subagent_tool(&h, SubagentToolConfig::new("spawn"));
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(SubagentToolConfig::new("spawn")).await;
     h.parent_model().push([
         delegation("c1", "sum up", "summarise the notes"),
         Response::text("parent done"),
@@ -1609,9 +1649,7 @@ async fn a_delegation_through_the_tool_returns_the_childs_answer_to_the_parent()
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_child_is_rendered_with_its_reason_diagnostic_and_partial_output() {
-    let h = Harness::new();
-    let tool = subagent_tool(&h, SubagentToolConfig::new("spawn"));
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(SubagentToolConfig::new("spawn")).await;
     h.parent_model().push([
         delegation("c1", "fails", "task one"),
         delegation("c2", "runs out", "task two"),
@@ -1625,26 +1663,8 @@ async fn a_failed_child_is_rendered_with_its_reason_diagnostic_and_partial_outpu
     let answers = tool_results(&parent.events());
     assert_eq!(answers.len(), 2);
 
-    assert!(answers[0].is_error);
-    assert_eq!(answers[0].code.as_deref(), Some("error"));
-    assert!(
-        answers[0].text.contains("OVERLOADED"),
-        "{}",
-        answers[0].text
-    );
-    assert!(
-        answers[0].text.contains("try again later"),
-        "{}",
-        answers[0].text
-    );
-
-    assert!(answers[1].is_error);
-    assert_eq!(answers[1].code.as_deref(), Some("max-tokens"));
-    assert!(
-        answers[1].text.contains("half an ans"),
-        "{}",
-        answers[1].text
-    );
+    assert_failed(&answers[0], "error", &["OVERLOADED", "try again later"]);
+    assert_failed(&answers[1], "max-tokens", &["half an ans"]);
     assert_ne!(
         answers[0].text.lines().next(),
         answers[1].text.lines().next(),
@@ -1735,15 +1755,7 @@ async fn every_outcome_a_provider_reports_is_rendered_for_the_model() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_or_malformed_delegation_is_reported_to_the_model_with_its_code() {
-    let h = Harness::new();
-    let tool = subagent_tool(
-        &h,
-        SubagentToolConfig {
-            max_depth: MaxDepth::Limit(0),
-            ..SubagentToolConfig::new("spawn")
-        },
-    );
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(limited_to(0)).await;
     h.parent_model().push([
         delegation("deep", "too deep", "task"),
         delegation("blank", "  ", "task"),
@@ -1768,9 +1780,7 @@ async fn a_refused_or_malformed_delegation_is_reported_to_the_model_with_its_cod
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_parents_turn_cancels_the_child_and_keeps_both_logs_balanced() {
-    let h = Harness::new();
-    let tool = subagent_tool(&h, SubagentToolConfig::new("spawn"));
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(SubagentToolConfig::new("spawn")).await;
     let gate = Gate::new();
     h.parent_model()
         .push([delegation("c1", "slow", "take your time")]);
@@ -1796,14 +1806,7 @@ async fn cancelling_the_parents_turn_cancels_the_child_and_keeps_both_logs_balan
     assert_eq!(answers.len(), 1);
     assert_eq!(answers[0].code.as_deref(), Some("aborted"));
     assert!(h.agents.get(child).is_none(), "the child was disposed");
-    let child_events = h.stored(child);
-    assert_balanced(&child_events);
-    assert_eq!(
-        turn_ends(&child_events),
-        [TurnEndReason::Aborted {
-            cause: AbortCause::Parent
-        }]
-    );
+    assert_aborted_by_its_parent(h.stored(child));
     assert_eq!(h.parent_model().requests().len(), 1);
     gate.open();
     h.assert_verified();
@@ -1811,9 +1814,7 @@ async fn cancelling_the_parents_turn_cancels_the_child_and_keeps_both_logs_balan
 
 #[tokio::test(start_paused = true)]
 async fn disposing_the_parent_mid_delegation_cancels_and_releases_the_child() {
-    let h = Harness::new();
-    let tool = subagent_tool(&h, SubagentToolConfig::new("spawn"));
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(SubagentToolConfig::new("spawn")).await;
     let gate = Gate::new();
     h.parent_model().push([delegation("c1", "slow", "task")]);
     h.child_model()
@@ -1835,22 +1836,13 @@ async fn disposing_the_parent_mid_delegation_cancels_and_releases_the_child() {
             cause: AbortCause::Disposed
         }]
     );
-    let child_events = h.stored(child);
-    assert_balanced(&child_events);
-    assert_eq!(
-        turn_ends(&child_events),
-        [TurnEndReason::Aborted {
-            cause: AbortCause::Parent
-        }]
-    );
+    assert_aborted_by_its_parent(h.stored(child));
     gate.open();
 }
 
 #[tokio::test(start_paused = true)]
 async fn two_delegations_in_one_message_run_in_parallel() {
-    let h = Harness::new();
-    let tool = subagent_tool(&h, SubagentToolConfig::new("spawn"));
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(SubagentToolConfig::new("spawn")).await;
     let first = json!({"description": "one", "prompt": "first"}).to_string();
     let second = json!({"description": "two", "prompt": "second"}).to_string();
     h.parent_model().push([
@@ -1889,15 +1881,7 @@ async fn two_delegations_in_one_message_run_in_parallel() {
 
 #[tokio::test(start_paused = true)]
 async fn the_tools_max_depth_stops_a_grandchild() {
-    let h = Harness::new();
-    let tool = subagent_tool(
-        &h,
-        SubagentToolConfig {
-            max_depth: MaxDepth::Limit(1),
-            ..SubagentToolConfig::new("spawn")
-        },
-    );
-    let parent = h.parent_with(parent_spec(vec![tool])).await;
+    let (h, parent) = delegating(limited_to(1)).await;
     h.parent_model().push([
         delegation("c1", "delegate on", "hand this on"),
         Response::text("parent done"),
@@ -1930,9 +1914,7 @@ async fn the_tools_max_depth_stops_a_grandchild() {
 #[tokio::test(start_paused = true)]
 async fn a_tool_filter_narrows_the_parents_tools_for_the_child() {
     let h = Harness::new();
-    let parent = h
-        .parent_with(parent_spec(vec![plain_tool("echo"), plain_tool("search")]))
-        .await;
+    let parent = h.parent_with(echo_and_search()).await;
     h.child_model().push([
         Response::text("all"),
         Response::text("allowed"),
@@ -1949,8 +1931,7 @@ async fn a_tool_filter_narrows_the_parents_tools_for_the_child() {
         tool_filter: Some(filter(None, Some(&["echo"]))),
         ..request(&parent, "deny echo")
     };
-    let run = within(h.runtime.start("spawn", denied)).await.unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "spawn", denied).await;
     let run_events = run.local_agent().unwrap().events();
     within(run.dispose()).await.unwrap();
 
@@ -1967,8 +1948,7 @@ async fn a_tool_filter_narrows_the_parents_tools_for_the_child() {
         Response::tool_call("y", "search", "{}"),
         Response::text("ok"),
     ]);
-    let run = within(h.runtime.start("spawn", hidden)).await.unwrap();
-    within(run.result()).await.unwrap();
+    let (run, _) = finished(&h, "spawn", hidden).await;
     let answers = tool_results(&run.local_agent().unwrap().events());
     assert_eq!(answers[0].code.as_deref(), Some(TOOL_NOT_AVAILABLE));
     within(run.dispose()).await.unwrap();
@@ -1982,25 +1962,20 @@ async fn a_tool_filter_narrows_the_parents_tools_for_the_child() {
 async fn a_tool_filter_naming_an_unknown_tool_refuses_the_start_and_stores_nothing() {
     let h = Harness::new();
     let parent = h.parent_with(parent_spec(vec![plain_tool("echo")])).await;
-    let (_, mut lifecycle) = listen(&h.runtime);
-    let before = h.footprint();
-    for provider in ["spawn", "fork"] {
-        for unknown in [
-            filter(Some(&["echo", "nope"]), None),
-            filter(None, Some(&["nope"])),
-        ] {
-            let start = StartRequest {
-                tool_filter: Some(unknown),
-                ..request(&parent, "task")
-            };
-            let error = refusal(h.runtime.start(provider, start).await);
-            assert_eq!(error.code(), ErrorCode::InvalidRequest, "{error}");
+    let watch = Untouched::watch(&h);
+    for unknown in [
+        filter(Some(&["echo", "nope"]), None),
+        filter(None, Some(&["nope"])),
+    ] {
+        let start = || StartRequest {
+            tool_filter: Some(unknown.clone()),
+            ..request(&parent, "task")
+        };
+        for error in refused_by_both(&h, start, ErrorCode::InvalidRequest).await {
             assert!(error.message().contains("nope"), "{error}");
         }
     }
-    assert_eq!(h.footprint(), before);
-    assert!(drain(&mut lifecycle).is_empty());
-    assert!(h.child_model().requests().is_empty());
+    watch.assert_untouched(&h);
 }
 
 #[tokio::test(start_paused = true)]
@@ -2009,7 +1984,7 @@ async fn a_child_never_gets_a_tool_its_parent_is_denied() {
     let parent = h
         .parent_with(AgentSpec {
             tool_filter: Some(filter(None, Some(&["search"]))),
-            ..parent_spec(vec![plain_tool("echo"), plain_tool("search")])
+            ..echo_and_search()
         })
         .await;
     h.child_model().push([Response::text("done")]);
@@ -2029,9 +2004,7 @@ async fn a_child_never_gets_a_tool_its_parent_is_denied() {
 #[tokio::test(start_paused = true)]
 async fn the_structured_output_tool_survives_the_childs_tool_filter() {
     let h = Harness::new();
-    let parent = h
-        .parent_with(parent_spec(vec![plain_tool("echo"), plain_tool("search")]))
-        .await;
+    let parent = h.parent_with(echo_and_search()).await;
     h.child_model().push([
         Response::tool_call("s1", STRUCTURED_OUTPUT, r#"{"count":1}"#),
         Response::tool_call("s2", STRUCTURED_OUTPUT, r#"{"count":2}"#),

@@ -23,7 +23,7 @@ use lineage_subagent::tools::{
 };
 use lineage_subagent::{
     Capabilities, ChildOptions, ContinuableRequest, DiagnosticReason, ErrorCode, Lifecycle,
-    ListingRow, ReportDelivery, SpawnProvider, StartRequest,
+    ListingRow, ReportDelivery, SetupId, SpawnProvider, StartRequest, SubagentError,
 };
 use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
@@ -55,15 +55,15 @@ fn coordinator(agent: &Agent) -> MessageSource {
     MessageSource::Coordinator { sender: agent.id() }
 }
 
-/// A scripted step calling several tools: `(call id, tool name, arguments)`.
-fn calls(list: &[(&str, &str, Value)]) -> Response {
-    let raw: Vec<(String, String, String)> = list
+/// A scripted step calling `tool` several times at once: `(call id, arguments)`.
+fn calls(tool: &str, list: &[(&str, Value)]) -> Response {
+    let raw: Vec<(&str, String)> = list
         .iter()
-        .map(|(id, name, args)| ((*id).to_owned(), (*name).to_owned(), args.to_string()))
+        .map(|(id, args)| (*id, args.to_string()))
         .collect();
     let borrowed: Vec<(&str, &str, &str)> = raw
         .iter()
-        .map(|(id, name, args)| (id.as_str(), name.as_str(), args.as_str()))
+        .map(|(id, args)| (*id, tool, args.as_str()))
         .collect();
     Response::tool_calls(None, &borrowed)
 }
@@ -87,12 +87,14 @@ fn user_messages(events: &[Event]) -> Vec<(MessageId, String, MessageSource)> {
         .collect()
 }
 
-/// The schema of the tool `name` offered by `request`.
-fn continuable_spawn_tool(h: &Harness) -> Arc<SubagentTool> {
+/// The `subagent` tool over `spawn` in continuable mode, its children asking the `child` model;
+/// `run_in_background` says whether it offers that switch.
+fn continuable_spawn_tool(h: &Harness, run_in_background: bool) -> Arc<SubagentTool> {
     SubagentTool::new(
         &h.runtime,
         SubagentToolConfig {
             background: BackgroundMode::Continuable,
+            run_in_background,
             agent_options: child_options(),
             ..SubagentToolConfig::new("spawn")
         },
@@ -100,12 +102,74 @@ fn continuable_spawn_tool(h: &Harness) -> Arc<SubagentTool> {
     .expect("the tool is created")
 }
 
+/// A continuable request from `parent` whose child, asking `model`, may use none of its
+/// parent's tools.
+fn toolless(parent: &Arc<Agent>, model: &str, prompt: &str) -> ContinuableRequest {
+    ContinuableRequest {
+        tool_filter: Some(ToolFilter {
+            allow: Some(Vec::new()),
+            deny: None,
+        }),
+        ..continuable(parent, model, prompt)
+    }
+}
+
+/// Registers the `report` setup, delivering at the parent's next step.
+fn register_report(h: &Harness) -> SetupId {
+    h.runtime
+        .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep))
+}
+
+/// Runs `start` as a one-shot child through `spawn` to its result, disposes of it and returns
+/// its id.
+async fn one_shot(h: &Harness, start: StartRequest) -> SessionId {
+    let run = within(h.runtime.start("spawn", start)).await.unwrap();
+    within(run.result()).await.unwrap();
+    run.dispose().await.unwrap();
+    run.id()
+}
+
+/// The tool `slow`, which says when it is entered and then, ignoring cancellation, waits for the
+/// returned gate; and the receiver of its entries.
+fn slow_tool() -> (Arc<FnTool>, Gate, mpsc::UnboundedReceiver<()>) {
+    let gate = Gate::new();
+    let (entered_tx, entered_rx) = mpsc::unbounded_channel::<()>();
+    let slow = {
+        let gate = gate.clone();
+        FnTool::new("slow", move |_, _| {
+            let gate = gate.clone();
+            let entered = entered_tx.clone();
+            async move {
+                let _ = entered.send(());
+                gate.wait().await;
+                ToolOutput::text("slow done")
+            }
+        })
+    };
+    (slow, gate, entered_rx)
+}
+
+/// Spawns the teardown of `parent`'s child `child` and checks that it is blocked (see
+/// [`still_blocked`]).
+async fn blocked_teardown(
+    h: &Harness,
+    parent: &Arc<Agent>,
+    child: SessionId,
+) -> JoinHandle<Result<(), SubagentError>> {
+    let mut teardown = tokio::spawn({
+        let (runtime, parent) = (h.runtime.clone(), parent.clone());
+        async move { runtime.drain_children(&parent, &[child]).await }
+    });
+    assert!(still_blocked(&mut teardown).await);
+    teardown
+}
+
 // ----- the `subagent` tool in continuable mode ---------------------------------------------------
 
 #[tokio::test(start_paused = true)]
 async fn the_subagent_tool_starts_a_continuable_child_and_returns_its_id_at_once() {
     let h = Harness::new();
-    let tool = continuable_spawn_tool(&h);
+    let tool = continuable_spawn_tool(&h, true);
     let gate = gated_text(&h.child_model(), "the survey is done");
     h.parent_model().push([
         call(
@@ -167,7 +231,7 @@ async fn the_subagent_tool_starts_a_continuable_child_and_returns_its_id_at_once
 #[tokio::test(start_paused = true)]
 async fn run_in_background_false_waits_for_a_one_shot_child_and_returns_its_text() {
     let h = Harness::new();
-    let tool = continuable_spawn_tool(&h);
+    let tool = continuable_spawn_tool(&h, true);
     h.child_model().push([Response::text("2 + 2 = 4")]);
     h.parent_model().push([
         call(
@@ -206,29 +270,21 @@ async fn run_in_background_false_waits_for_a_one_shot_child_and_returns_its_text
 #[tokio::test(start_paused = true)]
 async fn a_tool_with_run_in_background_disabled_does_not_offer_it_and_refuses_true() {
     let h = Harness::new();
-    let tool = SubagentTool::new(
-        &h.runtime,
-        SubagentToolConfig {
-            background: BackgroundMode::Continuable,
-            run_in_background: false,
-            agent_options: child_options(),
-            ..SubagentToolConfig::new("spawn")
-        },
-    )
-    .unwrap();
+    let tool = continuable_spawn_tool(&h, false);
     h.parent_model().push([
-        calls(&[
-            (
-                "c1",
-                "subagent",
-                json!({"description": "x", "prompt": "y", "run_in_background": true}),
-            ),
-            (
-                "c2",
-                "subagent",
-                json!({"description": "x", "prompt": "y", "run_in_background": "yes"}),
-            ),
-        ]),
+        calls(
+            "subagent",
+            &[
+                (
+                    "c1",
+                    json!({"description": "x", "prompt": "y", "run_in_background": true}),
+                ),
+                (
+                    "c2",
+                    json!({"description": "x", "prompt": "y", "run_in_background": "yes"}),
+                ),
+            ],
+        ),
         Response::text("ok"),
     ]);
     let parent = h.parent_with(parent_spec(vec![tool])).await;
@@ -318,28 +374,27 @@ async fn send_message_delivers_a_coordinator_turn_and_refuses_unknown_malformed_
 
     let unknown = SessionId::new();
     h.parent_model().push([
-        calls(&[
-            (
-                "s1",
-                "send_message",
-                json!({"subagent_id": child.to_string(), "message": "second task"}),
-            ),
-            (
-                "s2",
-                "send_message",
-                json!({"subagent_id": unknown.to_string(), "message": "hello?"}),
-            ),
-            (
-                "s3",
-                "send_message",
-                json!({"subagent_id": "child-number-one", "message": "hello?"}),
-            ),
-            (
-                "s4",
-                "send_message",
-                json!({"subagent_id": foreign.to_string(), "message": "not yours"}),
-            ),
-        ]),
+        calls(
+            "send_message",
+            &[
+                (
+                    "s1",
+                    json!({"subagent_id": child.to_string(), "message": "second task"}),
+                ),
+                (
+                    "s2",
+                    json!({"subagent_id": unknown.to_string(), "message": "hello?"}),
+                ),
+                (
+                    "s3",
+                    json!({"subagent_id": "child-number-one", "message": "hello?"}),
+                ),
+                (
+                    "s4",
+                    json!({"subagent_id": foreign.to_string(), "message": "not yours"}),
+                ),
+            ],
+        ),
         Response::text("sent"),
         Response::text("noted"),
     ]);
@@ -393,24 +448,15 @@ async fn interrupt_agent_stops_a_running_child_refuses_itself_and_accepts_absent
     h.model("worker").wait_for_requests(1).await;
     let absent = SessionId::new();
     h.parent_model().push([
-        calls(&[
-            (
-                "i1",
-                "interrupt_agent",
-                json!({"agent_id": child.to_string()}),
-            ),
-            (
-                "i2",
-                "interrupt_agent",
-                json!({"agent_id": parent.id().to_string()}),
-            ),
-            (
-                "i3",
-                "interrupt_agent",
-                json!({"agent_id": absent.to_string()}),
-            ),
-            ("i4", "interrupt_agent", json!({"agent_id": 42})),
-        ]),
+        calls(
+            "interrupt_agent",
+            &[
+                ("i1", json!({"agent_id": child.to_string()})),
+                ("i2", json!({"agent_id": parent.id().to_string()})),
+                ("i3", json!({"agent_id": absent.to_string()})),
+                ("i4", json!({"agent_id": 42})),
+            ],
+        ),
         Response::text("stopped it"),
         Response::text("noted"),
     ]);
@@ -487,12 +533,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     h.model("c").wait_for_requests(1).await;
     // e: a one-shot child.
     h.child_model().push([Response::text("once")]);
-    let run = within(h.runtime.start("spawn", request(&parent, "do e")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
-    run.dispose().await.unwrap();
-    let e = run.id();
+    let e = one_shot(&h, request(&parent, "do e")).await;
     // f: a delegated child whose log has no descriptor.
     let f = SessionId::new();
     let lineage = SessionLineage {
@@ -534,11 +575,14 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     assert_eq!(diagnostics[0].parent, parent.id());
 
     h.parent_model().push([
-        calls(&[
-            ("l1", "list_agents", json!({})),
-            ("l2", "list_agents", json!({"scope": "descendants"})),
-            ("l3", "list_agents", json!({"scope": "everything"})),
-        ]),
+        calls(
+            "list_agents",
+            &[
+                ("l1", json!({})),
+                ("l2", json!({"scope": "descendants"})),
+                ("l3", json!({"scope": "everything"})),
+            ],
+        ),
         Response::text("listed"),
     ]);
     run_turn(&parent, "who is there now?").await;
@@ -594,8 +638,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
 #[tokio::test(start_paused = true)]
 async fn report_is_offered_only_inside_continuable_children_whatever_their_filter() {
     let h = Harness::new();
-    h.runtime
-        .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep));
+    register_report(&h);
     let parent = h.parent_with(parent_spec(vec![plain_tool("noop")])).await;
     h.parent_model().push([Response::text("hello")]);
     run_turn(&parent, "hi").await;
@@ -604,26 +647,12 @@ async fn report_is_offered_only_inside_continuable_children_whatever_their_filte
 
     // A one-shot child of the root.
     h.child_model().push([Response::text("once")]);
-    let run = within(h.runtime.start("spawn", request(&parent, "once")))
-        .await
-        .unwrap();
-    within(run.result()).await.unwrap();
-    run.dispose().await.unwrap();
+    one_shot(&h, request(&parent, "once")).await;
     assert_eq!(tool_names(&h.child_model().requests()[0]), ["noop"]);
 
     // A continuable child that may use none of its parent's tools still has its own `report`.
     h.model("narrow").push([Response::hang()]);
-    start(
-        &h,
-        ContinuableRequest {
-            tool_filter: Some(ToolFilter {
-                allow: Some(Vec::new()),
-                deny: None,
-            }),
-            ..continuable(&parent, "narrow", "work")
-        },
-    )
-    .await;
+    start(&h, toolless(&parent, "narrow", "work")).await;
     h.model("narrow").wait_for_requests(1).await;
     let narrow = h.model("narrow").requests();
     assert_eq!(tool_names(&narrow[0]), ["report"]);
@@ -641,17 +670,14 @@ async fn report_is_offered_only_inside_continuable_children_whatever_their_filte
 
     // A one-shot child of that continuable child does not inherit its `report`.
     h.model("once").push([Response::text("once more")]);
-    let run = within(h.runtime.start(
-        "spawn",
+    one_shot(
+        &h,
         StartRequest {
             agent_options: model_options("once"),
             ..StartRequest::new(wide_agent.clone(), "once more")
         },
-    ))
-    .await
-    .unwrap();
-    within(run.result()).await.unwrap();
-    run.dispose().await.unwrap();
+    )
+    .await;
     assert_eq!(tool_names(&h.model("once").requests()[0]), ["noop"]);
 
     // A continuable grandchild gets its own `report`, once.
@@ -669,9 +695,7 @@ async fn report_is_offered_only_inside_continuable_children_whatever_their_filte
 #[tokio::test(start_paused = true)]
 async fn removing_the_report_setup_unmounts_report_from_a_resident_child() {
     let h = Harness::new();
-    let setup = h
-        .runtime
-        .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep));
+    let setup = register_report(&h);
     let gate = Gate::new();
     h.model("worker").push([
         call("r1", "report", json!({"output": "too late"})).gated(&gate),
@@ -682,17 +706,7 @@ async fn removing_the_report_setup_unmounts_report_from_a_resident_child() {
         .push([Response::text("noted"), Response::text("noted again")]);
     let parent = h.parent_with(parent_spec(vec![plain_tool("noop")])).await;
     let (_, mut life) = listen(&h.runtime);
-    let child = start(
-        &h,
-        ContinuableRequest {
-            tool_filter: Some(ToolFilter {
-                allow: Some(Vec::new()),
-                deny: None,
-            }),
-            ..continuable(&parent, "worker", "go")
-        },
-    )
-    .await;
+    let child = start(&h, toolless(&parent, "worker", "go")).await;
     h.model("worker").wait_for_requests(1).await;
     assert_eq!(tool_names(&h.model("worker").requests()[0]), ["report"]);
 
@@ -879,20 +893,7 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
     let h = Harness::new();
     // `slow` ignores cancellation until its gate opens, so a teardown of the child that called it
     // (and a follow-up waiting on that teardown, under the child's lock) stays blocked.
-    let slow_gate = Gate::new();
-    let (entered_tx, mut entered_rx) = mpsc::unbounded_channel::<()>();
-    let slow = {
-        let gate = slow_gate.clone();
-        FnTool::new("slow", move |_, _| {
-            let gate = gate.clone();
-            let entered = entered_tx.clone();
-            async move {
-                let _ = entered.send(());
-                gate.wait().await;
-                ToolOutput::text("slow done")
-            }
-        })
-    };
+    let (slow, slow_gate, mut entered_rx) = slow_tool();
     h.model("a")
         .push([call("t1", "slow", json!({})), Response::text("a again")]);
     h.model("b")
@@ -908,11 +909,7 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
 
     // Tear a down while its tool holds it, then follow up to it: that follow-up waits for the
     // teardown while holding a's lock.
-    let mut teardown = tokio::spawn({
-        let (runtime, parent) = (h.runtime.clone(), parent.clone());
-        async move { runtime.drain_children(&parent, &[a]).await }
-    });
-    assert!(still_blocked(&mut teardown).await);
+    let teardown = blocked_teardown(&h, &parent, a).await;
     let mut to_a = tokio::spawn({
         let (runtime, parent) = (h.runtime.clone(), parent.clone());
         async move {
@@ -964,16 +961,7 @@ async fn followups_to_different_children_do_not_wait_for_each_other() {
 #[tokio::test(start_paused = true)]
 async fn with_the_switch_disabled_an_omitted_switch_does_what_the_description_says() {
     let h = Harness::new();
-    let tool = SubagentTool::new(
-        &h.runtime,
-        SubagentToolConfig {
-            background: BackgroundMode::Continuable,
-            run_in_background: false,
-            agent_options: child_options(),
-            ..SubagentToolConfig::new("spawn")
-        },
-    )
-    .unwrap();
+    let tool = continuable_spawn_tool(&h, false);
     h.child_model().push([Response::text("the answer")]);
     h.parent_model().push([
         call("c1", "subagent", json!({"description": "x", "prompt": "y"})),
@@ -1006,9 +994,7 @@ async fn with_the_switch_disabled_an_omitted_switch_does_what_the_description_sa
 #[tokio::test(start_paused = true)]
 async fn removing_the_report_setup_also_withdraws_its_guidance_from_a_resident_child() {
     let h = Harness::new();
-    let setup = h
-        .runtime
-        .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep));
+    let setup = register_report(&h);
     let gate = Gate::new();
     h.model("worker").push([
         call("n1", "noop", json!({})).gated(&gate),
@@ -1039,31 +1025,14 @@ async fn removing_the_report_setup_also_withdraws_its_guidance_from_a_resident_c
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_turn_is_not_held_by_a_send_message_waiting_on_a_teardown() {
     let h = Harness::new();
-    let slow_gate = Gate::new();
-    let (entered_tx, mut entered_rx) = mpsc::unbounded_channel::<()>();
-    let slow = {
-        let gate = slow_gate.clone();
-        FnTool::new("slow", move |_, _| {
-            let gate = gate.clone();
-            let entered = entered_tx.clone();
-            async move {
-                let _ = entered.send(());
-                gate.wait().await;
-                ToolOutput::text("slow done")
-            }
-        })
-    };
+    let (slow, slow_gate, mut entered_rx) = slow_tool();
     h.model("a").push([call("t1", "slow", json!({}))]);
     let parent = h
         .parent_with(parent_spec(vec![slow, SendMessageTool::new(&h.runtime)]))
         .await;
     let a = start(&h, continuable(&parent, "a", "a first")).await;
     within(entered_rx.recv()).await.unwrap();
-    let mut teardown = tokio::spawn({
-        let (runtime, parent) = (h.runtime.clone(), parent.clone());
-        async move { runtime.drain_children(&parent, &[a]).await }
-    });
-    assert!(still_blocked(&mut teardown).await);
+    let teardown = blocked_teardown(&h, &parent, a).await;
     h.parent_model().push([call(
         "s1",
         "send_message",

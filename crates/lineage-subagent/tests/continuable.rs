@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use lineage_agent::{AgentStatus, Cancellation, Gate, Response};
+use lineage_agent::{Agent, AgentStatus, Cancellation, Gate, Response};
 use lineage_log::{
     AbortCause, ContentBlock, DescriptorMode, EventBody, MessageSource, PolicySource, SandboxMode,
     SessionId, TurnEndReason, fold_descriptor, fold_policy,
@@ -17,6 +17,7 @@ use lineage_subagent::{
 };
 use lineage_testkit::continuation::*;
 use lineage_testkit::subagent::*;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 fn is_notice(source: &MessageSource) -> bool {
     matches!(source, MessageSource::SubagentSettled { .. })
@@ -24,6 +25,39 @@ fn is_notice(source: &MessageSource) -> bool {
 
 fn is_report(source: &MessageSource) -> bool {
     matches!(source, MessageSource::SubagentReport { .. })
+}
+
+/// Checks that a report by `agent`, delivered as `delivery`, is refused as unauthorized.
+fn assert_report_refused(h: &Harness, agent: &Arc<Agent>, delivery: ReportDelivery) {
+    let content = vec![ContentBlock::text("x")];
+    let report = h
+        .runtime
+        .report(agent, content, delivery, &Cancellation::new());
+    assert_eq!(refusal(report).code(), ErrorCode::Unauthorized);
+}
+
+/// A parent answering "ok", listened to, with its continuable child `worker` started on "one"
+/// and answering with `answers`; returns the parent, the lifecycle and the child's agent.
+async fn parent_of_a_worker(
+    h: &Harness,
+    answers: impl IntoIterator<Item = Response>,
+) -> (Arc<Agent>, UnboundedReceiver<Lifecycle>, Arc<Agent>) {
+    h.model("worker").push(answers);
+    h.parent_model().push([Response::text("ok")]);
+    let parent = h.parent().await;
+    let (_, life) = listen(&h.runtime);
+    let started = spawn_continuable(&h.runtime, &parent, "worker", "one").await;
+    let child = h.agents.get(started.child).expect("the child is live");
+    (parent, life, child)
+}
+
+/// Waits until `agent` is idle and checks that its one turn was aborted for `cause`.
+async fn assert_aborted_once(agent: &Arc<Agent>, cause: AbortCause) {
+    within(agent.when_idle()).await;
+    assert_eq!(
+        turn_ends(&agent.events()),
+        [TurnEndReason::Aborted { cause }]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -115,25 +149,19 @@ async fn a_busy_parent_gets_the_notice_at_its_next_step_without_a_new_turn() {
 async fn followups_queue_in_order_in_the_same_activation_and_the_caller_gets_ids() {
     let h = Harness::new();
     let gate = Gate::new();
-    h.model("worker").push([
+    let answers = [
         Response::text("first").gated(&gate),
         Response::text("second"),
         Response::text("third"),
-    ]);
-    h.parent_model().push([Response::text("ok")]);
-    let parent = h.parent().await;
-    let (_, mut life) = listen(&h.runtime);
-    let started = spawn_continuable(&h.runtime, &parent, "worker", "one").await;
-    let child = h.agents.get(started.child).unwrap();
+    ];
+    let (parent, mut life, child) = parent_of_a_worker(&h, answers).await;
     assert_eq!(drain(&mut life).len(), 1, "subagent/start");
     h.model("worker").wait_for_requests(1).await;
     for text in ["two", "three"] {
-        send(&h.runtime, &parent, started.child, text)
-            .await
-            .unwrap();
+        send(&h.runtime, &parent, child.id(), text).await.unwrap();
     }
     gate.open();
-    settled(&h.runtime, &mut life, started.child).await;
+    settled(&h.runtime, &mut life, child.id()).await;
     // Same agent for every turn, one turn per message, in call order.
     let events = child.events();
     assert_eq!(user_texts(&events), ["one", "two", "three"]);
@@ -145,44 +173,28 @@ async fn followups_queue_in_order_in_the_same_activation_and_the_caller_gets_ids
 #[tokio::test(start_paused = true)]
 async fn an_interrupt_keeps_queued_work_parked_until_the_next_send_which_runs_it_first() {
     let h = Harness::new();
-    h.model("worker").push([
+    let answers = [
         Response::hang(),
         Response::text("did two"),
         Response::text("did three"),
-    ]);
-    h.parent_model().push([Response::text("ok")]);
-    let parent = h.parent().await;
-    let (_, mut life) = listen(&h.runtime);
-    let started = spawn_continuable(&h.runtime, &parent, "worker", "one").await;
-    let child = h.agents.get(started.child).unwrap();
+    ];
+    let (parent, mut life, child) = parent_of_a_worker(&h, answers).await;
     h.model("worker").wait_for_requests(1).await;
-    send(&h.runtime, &parent, started.child, "two")
-        .await
-        .unwrap();
-    h.runtime
-        .interrupt(
-            started.child,
-            &Authority::User {
-                parent: parent.id(),
-            },
-        )
-        .unwrap();
-    within(child.when_idle()).await;
+    send(&h.runtime, &parent, child.id(), "two").await.unwrap();
+    let by_the_user = Authority::User {
+        parent: parent.id(),
+    };
+    h.runtime.interrupt(child.id(), &by_the_user).unwrap();
     // The turn ended aborted by the user; "two" is parked, no model request for it, and the
     // same activation stays resident.
-    assert_eq!(
-        turn_ends(&child.events()),
-        [TurnEndReason::Aborted {
-            cause: AbortCause::User
-        }]
-    );
+    assert_aborted_once(&child, AbortCause::User).await;
     assert_eq!(h.model("worker").requests().len(), 1);
-    assert!(h.runtime.is_resident(started.child));
-    assert!(Arc::ptr_eq(&h.agents.get(started.child).unwrap(), &child));
-    send(&h.runtime, &parent, started.child, "three")
+    assert!(h.runtime.is_resident(child.id()));
+    assert!(Arc::ptr_eq(&h.agents.get(child.id()).unwrap(), &child));
+    send(&h.runtime, &parent, child.id(), "three")
         .await
         .unwrap();
-    settled(&h.runtime, &mut life, started.child).await;
+    settled(&h.runtime, &mut life, child.id()).await;
     assert_eq!(user_texts(&child.events()), ["one", "two", "three"]);
     assert_eq!(h.model("worker").requests().len(), 3);
 }
@@ -222,13 +234,7 @@ async fn interrupt_authority_is_checked_and_absent_targets_are_accepted_no_ops()
     h.runtime
         .interrupt(a.child, &Authority::Ancestor(parent.clone()))
         .unwrap();
-    within(agent_a.when_idle()).await;
-    assert_eq!(
-        turn_ends(&agent_a.events()),
-        [TurnEndReason::Aborted {
-            cause: AbortCause::Parent
-        }]
-    );
+    assert_aborted_once(&agent_a, AbortCause::Parent).await;
     // A stale handle: the agent of a settled child, with the same id as no live agent.
     within(h.runtime.drain_children(&parent, &[a.child]))
         .await
@@ -316,22 +322,10 @@ async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
     assert!(h.runtime.is_resident(started.child));
     let child = h.agents.get(started.child).unwrap();
     // Only the report tool's own child may report: not the root, not a stale handle.
-    let root = h.runtime.report(
-        &parent,
-        vec![ContentBlock::text("x")],
-        ReportDelivery::Quiet,
-        &Cancellation::new(),
-    );
-    assert_eq!(refusal(root).code(), ErrorCode::Unauthorized);
+    assert_report_refused(&h, &parent, ReportDelivery::Quiet);
     gate.open();
     text_lines(&inbox_inserted(&mut parent_events, is_notice).await);
-    let stale = h.runtime.report(
-        &child,
-        vec![ContentBlock::text("x")],
-        ReportDelivery::Quiet,
-        &Cancellation::new(),
-    );
-    assert_eq!(refusal(stale).code(), ErrorCode::Unauthorized);
+    assert_report_refused(&h, &child, ReportDelivery::Quiet);
     // A one-shot child cannot report either.
     h.child_model().push([Response::hang()]);
     let run = h
@@ -340,13 +334,7 @@ async fn reports_reach_the_direct_parent_only_from_live_continuable_children() {
         .await
         .unwrap();
     let one_shot = run.local_agent().unwrap().clone();
-    let refused = h.runtime.report(
-        &one_shot,
-        vec![ContentBlock::text("x")],
-        ReportDelivery::NextStep,
-        &Cancellation::new(),
-    );
-    assert_eq!(refusal(refused).code(), ErrorCode::Unauthorized);
+    assert_report_refused(&h, &one_shot, ReportDelivery::NextStep);
     run.dispose().await.unwrap();
 }
 
@@ -450,14 +438,8 @@ async fn only_the_exact_live_parent_may_send_and_one_shot_or_unknown_children_ar
     assert_eq!(refusal(unknown).code(), ErrorCode::NotResumable);
     // A one-shot child, settled: it has no continuation state.
     h.child_model().push([Response::text("once")]);
-    let run = h
-        .runtime
-        .start("spawn", request(&parent, "once"))
-        .await
-        .unwrap();
-    run.result().await.unwrap();
-    run.dispose().await.unwrap();
-    let one_shot = send(&h.runtime, &parent, run.id(), "again").await;
+    let once = one_shot_run(&h.runtime, request(&parent, "once")).await;
+    let one_shot = send(&h.runtime, &parent, once, "again").await;
     let error = refusal(one_shot);
     assert_eq!(error.code(), ErrorCode::NotResumable);
     assert!(error.to_string().contains("do not"), "{error}");
@@ -602,13 +584,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
     let parent = h.parent().await;
     let a = spawn_continuable(&h.runtime, &parent, "a", "x").await;
     let agent_a = h.agents.get(a.child).unwrap();
-    let run = h
-        .runtime
-        .start("spawn", request(&parent, "once"))
-        .await
-        .unwrap();
-    run.result().await.unwrap();
-    run.dispose().await.unwrap();
+    let once = one_shot_run(&h.runtime, request(&parent, "once")).await;
     let b = spawn_continuable(&h.runtime, &agent_a, "b", "y").await;
     let children = h
         .runtime
@@ -616,7 +592,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
         .await
         .unwrap();
     let ids: Vec<_> = children.iter().map(ListingRow::id).collect();
-    assert_eq!(ids, [a.child, run.id()]);
+    assert_eq!(ids, [a.child, once]);
     match &children[0] {
         ListingRow::Child(row) => {
             assert_eq!(row.mode, DescriptorMode::Continuable);
@@ -646,7 +622,7 @@ async fn listing_comes_from_the_store_and_the_registry_in_pre_order() {
         [
             (a.child, parent.id(), 1),
             (b.child, a.child, 2),
-            (run.id(), parent.id(), 1)
+            (once, parent.id(), 1)
         ]
     );
     h.runtime.drain().await.unwrap();

@@ -120,15 +120,6 @@ fn register_report(h: &Harness) -> SetupId {
         .register_continuable_setup(ReportSetup::new(ReportDelivery::NextStep))
 }
 
-/// Runs `start` as a one-shot child through `spawn` to its result, disposes of it and returns
-/// its id.
-async fn one_shot(h: &Harness, start: StartRequest) -> SessionId {
-    let run = within(h.runtime.start("spawn", start)).await.unwrap();
-    within(run.result()).await.unwrap();
-    run.dispose().await.unwrap();
-    run.id()
-}
-
 /// The tool `slow`, which says when it is entered and then, ignoring cancellation, waits for the
 /// returned gate; and the receiver of its entries.
 fn slow_tool() -> (Arc<FnTool>, Gate, mpsc::UnboundedReceiver<()>) {
@@ -533,7 +524,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     h.model("c").wait_for_requests(1).await;
     // e: a one-shot child.
     h.child_model().push([Response::text("once")]);
-    let e = one_shot(&h, request(&parent, "do e")).await;
+    let e = within(one_shot_run(&h.runtime, request(&parent, "do e"))).await;
     // f: a delegated child whose log has no descriptor.
     let f = SessionId::new();
     let lineage = SessionLineage {
@@ -647,7 +638,7 @@ async fn report_is_offered_only_inside_continuable_children_whatever_their_filte
 
     // A one-shot child of the root.
     h.child_model().push([Response::text("once")]);
-    one_shot(&h, request(&parent, "once")).await;
+    within(one_shot_run(&h.runtime, request(&parent, "once"))).await;
     assert_eq!(tool_names(&h.child_model().requests()[0]), ["noop"]);
 
     // A continuable child that may use none of its parent's tools still has its own `report`.
@@ -670,14 +661,11 @@ async fn report_is_offered_only_inside_continuable_children_whatever_their_filte
 
     // A one-shot child of that continuable child does not inherit its `report`.
     h.model("once").push([Response::text("once more")]);
-    one_shot(
-        &h,
-        StartRequest {
-            agent_options: model_options("once"),
-            ..StartRequest::new(wide_agent.clone(), "once more")
-        },
-    )
-    .await;
+    let once = StartRequest {
+        agent_options: model_options("once"),
+        ..StartRequest::new(wide_agent.clone(), "once more")
+    };
+    within(one_shot_run(&h.runtime, once)).await;
     assert_eq!(tool_names(&h.model("once").requests()[0]), ["noop"]);
 
     // A continuable grandchild gets its own `report`, once.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use lineage_agent::{Agent, Agents, Cancellation, CreateAgent, Gate, Response, ScriptedModel};
 use lineage_log::{ContentBlock, MessageId, MessageSource, SessionId};
-use lineage_subagent::{ContinuableStarted, SpawnProvider, SubagentError, SubagentRuntime};
+use lineage_subagent::{
+    ContinuableStarted, SpawnProvider, StartRequest, SubagentError, SubagentRuntime,
+};
 
 use crate::subagent::{Router, continuable, parent_spec, reopen};
 
@@ -23,6 +25,18 @@ pub async fn spawn_continuable(
         .start_continuable("spawn", continuable(parent, model, prompt))
         .await
         .expect("the continuable child starts")
+}
+
+/// Runs `start` through the `spawn` provider as a one-shot child, to its result, and disposes
+/// of it: a child that never continues. Returns its id; panics if the run fails to start or end.
+pub async fn one_shot_run(runtime: &SubagentRuntime, start: StartRequest) -> SessionId {
+    let run = runtime
+        .start("spawn", start)
+        .await
+        .expect("the one-shot run starts");
+    run.result().await.expect("the run has a result");
+    run.dispose().await.expect("the run is disposed");
+    run.id()
 }
 
 /// Sends `text` to `child` as a coordinator message of `parent`, with a cancellation nobody

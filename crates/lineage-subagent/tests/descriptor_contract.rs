@@ -6,20 +6,12 @@
 
 use lineage_agent::Cancellation;
 use lineage_log::{
-    ContentBlock, DescriptorMode, Digest, Event, EventBody, Header, MessageSource, SessionId,
-    SessionLineage, SubagentDescriptor, Text, ToolFilter, with_log_facts,
+    ContentBlock, DescriptorMode, Event, EventBody, Header, MessageSource, SessionId,
+    SubagentDescriptor, Text, ToolFilter, with_log_facts,
 };
 use lineage_subagent::{DiagnosticReason, ErrorCode, ListingRow};
+use lineage_testkit::continuation::fresh_lineage;
 use lineage_testkit::subagent::*;
-
-fn lineage(parent: SessionId, depth: u32) -> SessionLineage {
-    SessionLineage {
-        parent,
-        seed_len: 0,
-        seed_digest: Digest::of_empty(),
-        delegation_depth: depth,
-    }
-}
 
 fn labelled(label: &str) -> SubagentDescriptor {
     SubagentDescriptor {
@@ -37,7 +29,7 @@ fn stored_child(
     descriptor: SubagentDescriptor,
 ) -> SessionId {
     let id = SessionId::new();
-    let lineage = lineage(parent, depth);
+    let lineage = fresh_lineage(parent, depth);
     let header = with_log_facts(&Header::new(id, u64::from(depth)), Some(&lineage), true);
     h.store
         .create(header)
@@ -177,7 +169,7 @@ async fn the_store_refuses_to_write_a_descriptor_that_breaks_the_contract() {
     let parent = h.parent().await;
     for (field, descriptor) in forbidden() {
         let id = SessionId::new();
-        let lineage = lineage(parent.id(), 1);
+        let lineage = fresh_lineage(parent.id(), 1);
         let header = with_log_facts(&Header::new(id, 1), Some(&lineage), true);
         h.store.create(header.clone()).unwrap();
         let written = h.store.append(

@@ -3,23 +3,19 @@
 
 use lineage_agent::{Cancellation, Tool, ToolContext};
 use lineage_log::{
-    AbortCause, DescriptorMode, Digest, Event, EventBody, Header, SessionId, SessionLineage,
-    SubagentDescriptor, with_log_facts,
+    AbortCause, DescriptorMode, Event, EventBody, Header, SessionId, SubagentDescriptor,
+    with_log_facts,
 };
 use lineage_subagent::tools::ListAgentsTool;
 use lineage_subagent::{ErrorCode, ListingRow};
+use lineage_testkit::continuation::fresh_lineage;
 use lineage_testkit::subagent::*;
 use serde_json::json;
 
 /// Stores a continuable child of `parent` at `depth`, labelled `label`, and returns its id.
 fn stored_child(h: &Harness, parent: SessionId, depth: u32, label: &str) -> SessionId {
     let id = SessionId::new();
-    let lineage = SessionLineage {
-        parent,
-        seed_len: 0,
-        seed_digest: Digest::of_empty(),
-        delegation_depth: depth,
-    };
+    let lineage = fresh_lineage(parent, depth);
     let descriptor = SubagentDescriptor {
         label: Some(label.into()),
         ..SubagentDescriptor::new(DescriptorMode::Continuable, "spawn")

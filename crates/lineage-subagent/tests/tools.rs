@@ -13,9 +13,8 @@ use lineage_agent::{
     TOOL_NOT_AVAILABLE, ToolOutput,
 };
 use lineage_log::{
-    AbortCause, ContentBlock, DescriptorMode, Digest, Event, EventBody, Header, MessageId,
-    MessageSource, SessionId, SessionLineage, ToolFilter, TurnEndReason, fold_descriptor,
-    with_log_facts,
+    AbortCause, ContentBlock, DescriptorMode, Event, EventBody, Header, MessageId, MessageSource,
+    SessionId, ToolFilter, TurnEndReason, fold_descriptor, with_log_facts,
 };
 use lineage_subagent::tools::{
     BackgroundMode, InterruptAgentTool, ListAgentsTool, REPORT_GUIDANCE, ReportSetup,
@@ -527,12 +526,7 @@ async fn list_agents_renders_statuses_omits_one_shots_and_keeps_corrupt_children
     let e = within(one_shot_run(&h.runtime, request(&parent, "do e"))).await;
     // f: a delegated child whose log has no descriptor.
     let f = SessionId::new();
-    let lineage = SessionLineage {
-        parent: parent.id(),
-        seed_len: 0,
-        seed_digest: Digest::of_empty(),
-        delegation_depth: 1,
-    };
+    let lineage = fresh_lineage(parent.id(), 1);
     let header = with_log_facts(&Header::new(f, 1), Some(&lineage), true);
     assert_eq!(header.origin, Some(lineage_log::Origin::Subagent));
     // `import` refuses such a header; a session created first and then written has one.

@@ -734,7 +734,9 @@ mod tests {
         AUTH, BAD_RESPONSE, CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE, QUOTA, RATE_LIMIT,
         STREAM_CLOSED,
     };
-    use crate::wire::testing::{self, assemble, call, check_promises, message, result};
+    use crate::wire::testing::{
+        self, assemble, call, check_promises, end, finish, message, result, start, text, usage,
+    };
     use lineage_agent::ToolSchema;
 
     /// Reads `wire` (event-stream text) whole, then ends the stream.
@@ -756,30 +758,12 @@ mod tests {
         assert_eq!(
             chunks,
             vec![
-                StreamChunk::BlockStart {
-                    index: 0,
-                    block_type: BlockType::Text
-                },
-                StreamChunk::TextDelta {
-                    index: 0,
-                    text: "Hello".into()
-                },
-                StreamChunk::TextDelta {
-                    index: 0,
-                    text: "!".into()
-                },
-                StreamChunk::BlockEnd {
-                    index: 0,
-                    block: Box::new(ContentBlock::text("Hello!"))
-                },
-                StreamChunk::Usage(Box::new(Usage {
-                    input_tokens: 25,
-                    output_tokens: 15,
-                    cache_read_tokens: None
-                })),
-                StreamChunk::Finish {
-                    reason: FinishReason::Stop
-                },
+                start(0, BlockType::Text),
+                text(0, "Hello"),
+                text(0, "!"),
+                end(0, ContentBlock::text("Hello!")),
+                usage(25, 15, None),
+                finish(FinishReason::Stop),
             ]
         );
     }
@@ -831,13 +815,7 @@ mod tests {
         );
         let chunks = read(wire).expect("a valid answer");
         check_promises(&chunks);
-        assert_eq!(
-            chunks[0],
-            StreamChunk::BlockStart {
-                index: 0,
-                block_type: BlockType::Reasoning
-            }
-        );
+        assert_eq!(chunks[0], start(0, BlockType::Reasoning));
         let assembler = assemble(&chunks);
         assert_eq!(
             assembler.blocks(),

@@ -636,7 +636,9 @@ mod tests {
         BAD_RESPONSE, CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE, QUOTA, RATE_LIMIT, SERVER,
         STREAM_CLOSED,
     };
-    use crate::wire::testing::{self, call, check_promises, message, reasoning, result};
+    use crate::wire::testing::{
+        self, call, check_promises, finish, message, reasoning, result, start, usage,
+    };
     use lineage_agent::{Assembler, ToolSchema};
     use lineage_log::Message;
 
@@ -658,13 +660,7 @@ mod tests {
     fn text_deltas_share_one_block_and_stop_finishes() {
         let (chunks, assembled) = assemble(TEXT);
         check_promises(&chunks);
-        assert_eq!(
-            chunks[0],
-            StreamChunk::BlockStart {
-                index: 0,
-                block_type: BlockType::Text
-            }
-        );
+        assert_eq!(chunks[0], start(0, BlockType::Text));
         assert_eq!(
             assembled.blocks(),
             vec![ContentBlock::text("Hello, world.")]
@@ -737,16 +733,7 @@ mod tests {
         // The usage came after the finish chunk on the wire, and still precedes the finish.
         assert_eq!(
             &chunks[chunks.len() - 2..],
-            &[
-                StreamChunk::Usage(Box::new(Usage {
-                    input_tokens: 40,
-                    output_tokens: 20,
-                    cache_read_tokens: Some(32)
-                })),
-                StreamChunk::Finish {
-                    reason: FinishReason::ToolCalls
-                }
-            ]
+            &[usage(40, 20, Some(32)), finish(FinishReason::ToolCalls)]
         );
     }
 

@@ -418,7 +418,10 @@ pub(crate) mod testing {
 
     use lineage_agent::{Assembler, Cancellation, ModelError, ModelRequest};
     use lineage_log::StreamChunk;
-    use lineage_log::{CallId, ContentBlock, Message, MessageId, MessageSource, Role, SessionId};
+    use lineage_log::{
+        BlockType, CallId, ContentBlock, FinishReason, Message, MessageId, MessageSource, Role,
+        SessionId, Text, ToolCallDelta, Usage,
+    };
 
     use super::{AnswerReader, Wire};
 
@@ -492,6 +495,52 @@ pub(crate) mod testing {
             };
             assert!(started.contains(index), "a delta before its start at {at}");
         }
+    }
+
+    // The chunks a translator emits, written short.
+
+    pub(crate) fn start(index: u32, block_type: BlockType) -> StreamChunk {
+        StreamChunk::BlockStart { index, block_type }
+    }
+
+    pub(crate) fn text(index: u32, text: &str) -> StreamChunk {
+        StreamChunk::TextDelta {
+            index,
+            text: text.into(),
+        }
+    }
+
+    pub(crate) fn end(index: u32, block: ContentBlock) -> StreamChunk {
+        StreamChunk::BlockEnd {
+            index,
+            block: Box::new(block),
+        }
+    }
+
+    pub(crate) fn call_delta(
+        index: u32,
+        id: &str,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> StreamChunk {
+        StreamChunk::ToolCallDelta(Box::new(ToolCallDelta {
+            index,
+            id: CallId::new(id),
+            name: name.map(Text::from),
+            arguments_delta: arguments.into(),
+        }))
+    }
+
+    pub(crate) fn usage(input: u64, output: u64, cached: Option<u64>) -> StreamChunk {
+        StreamChunk::Usage(Box::new(Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_read_tokens: cached,
+        }))
+    }
+
+    pub(crate) fn finish(reason: FinishReason) -> StreamChunk {
+        StreamChunk::Finish { reason }
     }
 
     pub(crate) fn call(id: &str, name: &str, arguments: &str) -> ContentBlock {

@@ -918,7 +918,7 @@ mod tests {
 
     use super::*;
     use crate::failure::{BAD_RESPONSE, EMPTY_RESPONSE, STREAM_CLOSED};
-    use crate::wire::testing::{self, call, message};
+    use crate::wire::testing::{self, call, call_delta, end, finish, message, start, text, usage};
 
     fn read(wire: &str) -> (Vec<StreamChunk>, Result<(), ModelError>) {
         testing::read(WIRE, wire)
@@ -930,45 +930,6 @@ mod tests {
 
     fn failure(wire: &str) -> ModelError {
         testing::failure_of(WIRE, wire)
-    }
-
-    fn start(index: u32, block_type: BlockType) -> StreamChunk {
-        StreamChunk::BlockStart { index, block_type }
-    }
-
-    fn text(index: u32, text: &str) -> StreamChunk {
-        StreamChunk::TextDelta {
-            index,
-            text: text.into(),
-        }
-    }
-
-    fn end(index: u32, block: ContentBlock) -> StreamChunk {
-        StreamChunk::BlockEnd {
-            index,
-            block: Box::new(block),
-        }
-    }
-
-    fn call_delta(index: u32, id: &str, name: Option<&str>, arguments: &str) -> StreamChunk {
-        StreamChunk::ToolCallDelta(Box::new(ToolCallDelta {
-            index,
-            id: CallId::new(id),
-            name: name.map(Text::from),
-            arguments_delta: arguments.into(),
-        }))
-    }
-
-    fn usage(input: u64, output: u64, cached: Option<u64>) -> StreamChunk {
-        StreamChunk::Usage(Box::new(Usage {
-            input_tokens: input,
-            output_tokens: output,
-            cache_read_tokens: cached,
-        }))
-    }
-
-    fn finish(reason: FinishReason) -> StreamChunk {
-        StreamChunk::Finish { reason }
     }
 
     fn error_code(reason: &FinishReason) -> Option<&str> {

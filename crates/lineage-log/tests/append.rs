@@ -42,10 +42,10 @@ fn refused(log: &mut Log, bodies: Vec<EventBody>) -> LogError {
     err
 }
 
-/// Asserts `err` is an invalid-event error for the event at `seq` of kind `kind`, and returns its
-/// reason.
-fn invalid(err: LogError, seq: u64, kind: EventKind) -> String {
-    match err {
+/// Appends `bodies` to `log` expecting the refusal [`refused`] checks, an invalid-event error for
+/// the event at `seq` of kind `kind`, and returns its reason.
+fn refused_as(log: &mut Log, bodies: Vec<EventBody>, seq: u64, kind: EventKind) -> String {
+    match refused(log, bodies) {
         LogError::InvalidEvent {
             seq: s,
             kind: k,
@@ -209,11 +209,7 @@ fn a_refused_append_changes_nothing_whatever_the_reason() {
 #[test]
 fn turns_are_numbered_from_one() {
     let mut log = Log::new();
-    let reason = invalid(
-        refused(&mut log, vec![ev::turn_start(2)]),
-        0,
-        EventKind::TurnStart,
-    );
+    let reason = refused_as(&mut log, vec![ev::turn_start(2)], 0, EventKind::TurnStart);
     assert!(reason.contains("expected turn 1"), "{reason}");
     refused(&mut log, vec![ev::turn_start(0)]);
     log.append(next(&log, vec![ev::turn_start(1)])).unwrap();
@@ -222,54 +218,32 @@ fn turns_are_numbered_from_one() {
 #[test]
 fn turns_are_consecutive() {
     let mut log = log_of(vec![ev::turn_start(1), ev::turn_completed(1)]);
-    invalid(
-        refused(&mut log, vec![ev::turn_start(3)]),
-        2,
-        EventKind::TurnStart,
-    );
-    invalid(
-        refused(&mut log, vec![ev::turn_start(1)]),
-        2,
-        EventKind::TurnStart,
-    );
+    refused_as(&mut log, vec![ev::turn_start(3)], 2, EventKind::TurnStart);
+    refused_as(&mut log, vec![ev::turn_start(1)], 2, EventKind::TurnStart);
     log.append(next(&log, vec![ev::turn_start(2)])).unwrap();
 }
 
 #[test]
 fn turns_do_not_nest() {
     let mut log = in_turn_one();
-    let reason = invalid(
-        refused(&mut log, vec![ev::turn_start(2)]),
-        1,
-        EventKind::TurnStart,
-    );
+    let reason = refused_as(&mut log, vec![ev::turn_start(2)], 1, EventKind::TurnStart);
     assert!(reason.contains("still open"), "{reason}");
 }
 
 #[test]
 fn turn_end_must_name_the_open_turn() {
-    let mut log = in_turn_one();
-    invalid(
-        refused(&mut log, vec![ev::turn_completed(2)]),
-        1,
-        EventKind::TurnEnd,
-    );
-    let mut empty = Log::new();
-    invalid(
-        refused(&mut empty, vec![ev::turn_completed(1)]),
-        0,
-        EventKind::TurnEnd,
-    );
+    for (mut log, end, seq) in [
+        (in_turn_one(), ev::turn_completed(2), 1),
+        (Log::new(), ev::turn_completed(1), 0),
+    ] {
+        refused_as(&mut log, vec![end], seq, EventKind::TurnEnd);
+    }
 }
 
 #[test]
 fn a_turn_cannot_end_while_its_step_is_open() {
     let mut log = in_step_one();
-    let reason = invalid(
-        refused(&mut log, vec![ev::turn_completed(1)]),
-        2,
-        EventKind::TurnEnd,
-    );
+    let reason = refused_as(&mut log, vec![ev::turn_completed(1)], 2, EventKind::TurnEnd);
     assert!(reason.contains("step 1"), "{reason}");
     log.append(next(&log, vec![ev::step_end(1, 1), ev::turn_completed(1)]))
         .unwrap();
@@ -296,11 +270,8 @@ fn a_turn_may_end_for_any_reason_with_calls_unanswered() {
 #[test]
 fn steps_are_numbered_from_one_within_each_turn() {
     let mut log = in_turn_one();
-    invalid(
-        refused(&mut log, vec![ev::step_start(1, 2)]),
-        1,
-        EventKind::StepStart,
-    );
+    let start = vec![ev::step_start(1, 2)];
+    refused_as(&mut log, start, 1, EventKind::StepStart);
     log.append(next(
         &log,
         vec![
@@ -325,11 +296,8 @@ fn steps_are_consecutive() {
         ev::step_start(1, 1),
         ev::step_end(1, 1),
     ]);
-    let reason = invalid(
-        refused(&mut log, vec![ev::step_start(1, 3)]),
-        3,
-        EventKind::StepStart,
-    );
+    let start = vec![ev::step_start(1, 3)];
+    let reason = refused_as(&mut log, start, 3, EventKind::StepStart);
     assert!(reason.contains("expected step 2"), "{reason}");
     refused(&mut log, vec![ev::step_start(1, 1)]);
 }
@@ -337,73 +305,44 @@ fn steps_are_consecutive() {
 #[test]
 fn steps_do_not_nest() {
     let mut log = in_step_one();
-    invalid(
-        refused(&mut log, vec![ev::step_start(1, 2)]),
-        2,
-        EventKind::StepStart,
-    );
+    let start = vec![ev::step_start(1, 2)];
+    refused_as(&mut log, start, 2, EventKind::StepStart);
 }
 
 #[test]
 fn a_step_opens_only_inside_its_turn() {
-    let mut outside = Log::new();
-    invalid(
-        refused(&mut outside, vec![ev::step_start(1, 1)]),
-        0,
-        EventKind::StepStart,
-    );
-    let mut other_turn = in_turn_one();
-    invalid(
-        refused(&mut other_turn, vec![ev::step_start(2, 1)]),
-        1,
-        EventKind::StepStart,
-    );
+    for (mut log, start, seq) in [
+        (Log::new(), ev::step_start(1, 1), 0),
+        (in_turn_one(), ev::step_start(2, 1), 1),
+    ] {
+        refused_as(&mut log, vec![start], seq, EventKind::StepStart);
+    }
 }
 
 #[test]
 fn step_end_must_name_the_open_step() {
-    let mut log = in_step_one();
-    invalid(
-        refused(&mut log, vec![ev::step_end(1, 2)]),
-        2,
-        EventKind::StepEnd,
-    );
-    invalid(
-        refused(&mut log, vec![ev::step_end(2, 1)]),
-        2,
-        EventKind::StepEnd,
-    );
-    let mut no_step = in_turn_one();
-    invalid(
-        refused(&mut no_step, vec![ev::step_end(1, 1)]),
-        1,
-        EventKind::StepEnd,
-    );
+    for (mut log, end, seq) in [
+        (in_step_one(), ev::step_end(1, 2), 2),
+        (in_step_one(), ev::step_end(2, 1), 2),
+        (in_turn_one(), ev::step_end(1, 1), 1),
+    ] {
+        refused_as(&mut log, vec![end], seq, EventKind::StepEnd);
+    }
 }
 
 // ---- step contents ----
 
 #[test]
 fn a_chunk_outside_a_step_is_refused() {
-    let mut outside = Log::new();
-    let reason = invalid(
-        refused(&mut outside, vec![ev::text_delta(1, 1, "x")]),
-        0,
-        EventKind::AssistantChunk,
-    );
+    let chunk = |log: &mut Log, step, seq| {
+        let delta = vec![ev::text_delta(1, step, "x")];
+        refused_as(log, delta, seq, EventKind::AssistantChunk)
+    };
+    let reason = chunk(&mut Log::new(), 1, 0);
     assert!(reason.contains("no turn is open"), "{reason}");
-    let mut between_steps = in_turn_one();
-    invalid(
-        refused(&mut between_steps, vec![ev::text_delta(1, 1, "x")]),
-        1,
-        EventKind::AssistantChunk,
-    );
+    chunk(&mut in_turn_one(), 1, 1);
     let mut wrong_step = in_step_one();
-    invalid(
-        refused(&mut wrong_step, vec![ev::text_delta(1, 2, "x")]),
-        2,
-        EventKind::AssistantChunk,
-    );
+    chunk(&mut wrong_step, 2, 2);
     wrong_step
         .append(next(&wrong_step, vec![ev::text_delta(1, 1, "x")]))
         .unwrap();
@@ -411,28 +350,16 @@ fn a_chunk_outside_a_step_is_refused() {
 
 #[test]
 fn assistant_messages_and_tool_calls_belong_to_the_open_step() {
-    let mut log = in_turn_one();
-    invalid(
-        refused(&mut log, vec![ev::assistant_text(1, 1, mid(1), "x")]),
-        1,
-        EventKind::AssistantMessage,
-    );
-    invalid(
-        refused(&mut log, vec![ev::tool_call(1, 1, "c", "grep", "{}")]),
-        1,
-        EventKind::ToolCall,
-    );
-    let mut in_step = in_step_one();
-    invalid(
-        refused(&mut in_step, vec![ev::assistant_text(2, 1, mid(1), "x")]),
-        2,
-        EventKind::AssistantMessage,
-    );
-    invalid(
-        refused(&mut in_step, vec![ev::tool_call(1, 2, "c", "grep", "{}")]),
-        2,
-        EventKind::ToolCall,
-    );
+    // Outside a step, then inside step 1 naming another turn (the message) or step (the call).
+    for (mut log, seq, (message_turn, message_step), (call_turn, call_step)) in [
+        (in_turn_one(), 1, (1, 1), (1, 1)),
+        (in_step_one(), 2, (2, 1), (1, 2)),
+    ] {
+        let message = vec![ev::assistant_text(message_turn, message_step, mid(1), "x")];
+        refused_as(&mut log, message, seq, EventKind::AssistantMessage);
+        let call = vec![ev::tool_call(call_turn, call_step, "c", "grep", "{}")];
+        refused_as(&mut log, call, seq, EventKind::ToolCall);
+    }
 }
 
 #[test]
@@ -442,7 +369,7 @@ fn a_tool_result_needs_a_pending_tool_call_of_its_step() {
         ev::assistant_calls(1, 1, mid(1), &[("c1", "grep")]),
         ev::tool_result(1, 1, mid(2), "c1", "x"),
     ];
-    invalid(refused(&mut log, asked_only), 3, EventKind::ToolResult);
+    refused_as(&mut log, asked_only, 3, EventKind::ToolResult);
     log.append(next(
         &log,
         vec![
@@ -453,11 +380,8 @@ fn a_tool_result_needs_a_pending_tool_call_of_its_step() {
     ))
     .unwrap();
     // One result per tool/call.
-    invalid(
-        refused(&mut log, vec![ev::tool_result(1, 1, mid(3), "c1", "again")]),
-        5,
-        EventKind::ToolResult,
-    );
+    let result = vec![ev::tool_result(1, 1, mid(3), "c1", "again")];
+    refused_as(&mut log, result, 5, EventKind::ToolResult);
 }
 
 #[test]
@@ -469,16 +393,10 @@ fn a_result_in_a_later_step_does_not_answer_a_call_of_an_earlier_step() {
         ev::step_end(1, 1),
         ev::step_start(1, 2),
     ]);
-    invalid(
-        refused(&mut log, vec![ev::tool_result(1, 2, mid(1), "c1", "late")]),
-        5,
-        EventKind::ToolResult,
-    );
-    invalid(
-        refused(&mut log, vec![ev::tool_result(1, 1, mid(1), "c1", "late")]),
-        5,
-        EventKind::ToolResult,
-    );
+    for step in [2, 1] {
+        let late = ev::tool_result(1, step, mid(1), "c1", "late");
+        refused_as(&mut log, vec![late], 5, EventKind::ToolResult);
+    }
 }
 
 #[test]
@@ -498,11 +416,9 @@ fn a_synthetic_tool_not_started_result_needs_no_tool_call() {
 fn only_tool_not_started_is_exempt_from_the_pending_call_rule() {
     let mut log = in_step_one();
     for code in [TOOL_OUTCOME_UNKNOWN, "TOOL_FAILED", "tool_not_started"] {
-        invalid(
-            refused(
-                &mut log,
-                vec![ev::tool_error(1, 1, mid(2), "c1", "Error", code)],
-            ),
+        refused_as(
+            &mut log,
+            vec![ev::tool_error(1, 1, mid(2), "c1", "Error", code)],
             2,
             EventKind::ToolResult,
         );

@@ -28,6 +28,14 @@ fn torn_in_step() -> Vec<EventBody> {
     ]
 }
 
+/// [`torn_in_step`] with the assistant's message asking for two `grep` calls, `c1` and `c2`.
+fn asked_two_greps() -> Vec<EventBody> {
+    let mut bodies = torn_in_step();
+    let calls = [("c1", "grep"), ("c2", "grep")];
+    bodies.push(ev::assistant_calls(2, 1, mid(3), &calls));
+    bodies
+}
+
 fn result(event: &Event) -> &ToolResult {
     match &event.body {
         EventBody::ToolResult(r) => r,
@@ -193,13 +201,7 @@ fn a_call_with_a_tool_call_record_is_answered_tool_outcome_unknown() {
 
 #[test]
 fn a_synthetic_result_is_a_well_formed_error_result_for_its_call() {
-    let mut bodies = torn_in_step();
-    bodies.push(ev::assistant_calls(
-        2,
-        1,
-        mid(3),
-        &[("c1", "grep"), ("c2", "grep")],
-    ));
+    let mut bodies = asked_two_greps();
     bodies.push(ev::tool_call(2, 1, "c2", "grep", "{}"));
     let closers = interrupted_turn_closers(&ev::log(bodies));
     let mut texts = Vec::new();
@@ -237,14 +239,7 @@ fn a_synthetic_result_is_a_well_formed_error_result_for_its_call() {
 
 #[test]
 fn closer_seqs_continue_the_log_and_every_closer_has_the_last_events_time() {
-    let mut bodies = torn_in_step();
-    bodies.push(ev::assistant_calls(
-        2,
-        1,
-        mid(3),
-        &[("c1", "grep"), ("c2", "grep")],
-    ));
-    let mut events = ev::log(bodies);
+    let mut events = ev::log(asked_two_greps());
     // The last event's time, not the largest time and not the clock.
     events.last_mut().unwrap().time_ms = -5;
     let closers = interrupted_turn_closers(&events);
@@ -361,13 +356,7 @@ fn closers_close_the_open_turn_by_its_own_number() {
 
 #[test]
 fn closers_are_deterministic() {
-    let mut bodies = torn_in_step();
-    bodies.push(ev::assistant_calls(
-        2,
-        1,
-        mid(3),
-        &[("c1", "grep"), ("c2", "grep")],
-    ));
+    let mut bodies = asked_two_greps();
     bodies.push(ev::tool_call(2, 1, "c1", "grep", "{}"));
     let events = ev::log(bodies);
     let first = interrupted_turn_closers(&events);

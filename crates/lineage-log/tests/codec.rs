@@ -16,6 +16,13 @@ use lineage_log::{
 use lineage_testkit::ev::{self, mid};
 use lineage_testkit::realistic_session;
 
+/// `events` encoded back to back, as a log stores them.
+fn encoded(events: &[Event]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    Encoder::new().encode_all(events, &mut buf);
+    buf
+}
+
 fn round_trip(event: &Event) -> Event {
     let bytes = encode_record(event);
     let (raw, rest) = split_record(&bytes, event.seq).unwrap();
@@ -301,8 +308,7 @@ fn every_variant_round_trips() {
 #[test]
 fn a_log_of_back_to_back_records_decodes_to_itself() {
     let events = realistic_session(31, 500);
-    let mut buf = Vec::new();
-    Encoder::new().encode_all(&events, &mut buf);
+    let buf = encoded(&events);
     let mut decoded = Vec::new();
     decode_records(&buf, 0, &mut decoded).unwrap();
     assert_eq!(decoded, events);
@@ -405,9 +411,7 @@ fn an_unknown_ignorable_record_is_kept_byte_for_byte() {
     let mut events = Vec::new();
     decode_records(&buf, 0, &mut events).unwrap();
     assert_eq!(events[1].kind(), EventKind::Opaque);
-    let mut again = Vec::new();
-    Encoder::new().encode_all(&events, &mut again);
-    assert_eq!(again, buf);
+    assert_eq!(encoded(&events), buf);
 }
 
 #[test]
@@ -498,8 +502,7 @@ fn wire_tags_and_names_are_fixed() {
 #[test]
 fn the_running_digest_does_not_depend_on_how_records_are_grouped() {
     let events = realistic_session(32, 300);
-    let mut buf = Vec::new();
-    Encoder::new().encode_all(&events, &mut buf);
+    let buf = encoded(&events);
     let mut whole = Chain::new();
     whole.update(&buf);
     let mut per_record = Chain::new();

@@ -50,6 +50,14 @@ fn parent_with_open_tail() -> Vec<Event> {
     ev::log(bodies)
 }
 
+/// [`parent_with_open_tail`], the seq of its last event of `kind`, and the log forked there.
+fn tail_forked_at_last(kind: EventKind) -> (Vec<Event>, u64, Forked) {
+    let events = parent_with_open_tail();
+    let boundary = events.iter().rposition(|e| e.kind() == kind).unwrap() as u64;
+    let forked = fork_session(&parent_header(), &events, &spec(Some(boundary))).unwrap();
+    (events, boundary, forked)
+}
+
 #[test]
 fn a_boundary_inside_an_open_turn_is_refused_as_open_turn() {
     let events = realistic_session(22, 120);
@@ -146,12 +154,7 @@ fn a_boundary_on_turn_end_is_valid_for_every_reason() {
 
 #[test]
 fn a_boundary_on_log_only_events_after_a_turn_end_is_valid() {
-    let events = parent_with_open_tail();
-    let between = events
-        .iter()
-        .rposition(|e| e.kind() == EventKind::UserMessage)
-        .unwrap() as u64;
-    let forked = fork_session(&parent_header(), &events, &spec(Some(between))).unwrap();
+    let (_, between, forked) = tail_forked_at_last(EventKind::UserMessage);
     assert_eq!(lineage(&forked).seed_len, between + 1);
     assert_eq!(
         forked.events[between as usize].kind(),
@@ -172,12 +175,7 @@ fn a_boundary_before_any_turn_is_valid() {
 
 #[test]
 fn the_child_is_the_prefix_verbatim_then_lineage_at_seq_seed_len() {
-    let events = parent_with_open_tail();
-    let boundary = events
-        .iter()
-        .rposition(|e| e.kind() == EventKind::TurnEnd)
-        .unwrap() as u64;
-    let forked = fork_session(&parent_header(), &events, &spec(Some(boundary))).unwrap();
+    let (events, boundary, forked) = tail_forked_at_last(EventKind::TurnEnd);
     let seed_len = boundary as usize + 1;
     assert_eq!(&forked.events[..seed_len], &events[..seed_len]);
     assert_eq!(forked.events.len(), seed_len + 1);

@@ -118,6 +118,20 @@ fn turn_end(reason: TurnEndReason) -> TurnEnd {
     TurnEnd { turn: 1, reason }
 }
 
+/// A one-shot `spawn` descriptor of version 1 that names nothing but its `tool_filter`.
+fn spawned(tool_filter: Option<ToolFilter>) -> SubagentDescriptor {
+    SubagentDescriptor {
+        version: 1,
+        mode: DescriptorMode::OneShot,
+        provider: t("spawn"),
+        label: None,
+        endpoint: None,
+        model: None,
+        persona: None,
+        tool_filter,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The vectors.
 
@@ -749,38 +763,15 @@ fn record_vectors() -> Vec<RecordVector> {
                 }),
             },
         ),
-        v(
-            "subagent/descriptor/bare",
-            1,
-            b + 1001,
-            SubagentDescriptor {
-                version: 1,
-                mode: DescriptorMode::OneShot,
-                provider: t("spawn"),
-                label: None,
-                endpoint: None,
-                model: None,
-                persona: None,
-                tool_filter: None,
-            },
-        ),
+        v("subagent/descriptor/bare", 1, b + 1001, spawned(None)),
         v(
             "subagent/descriptor/deny-only",
             1,
             b + 1001,
-            SubagentDescriptor {
-                version: 1,
-                mode: DescriptorMode::OneShot,
-                provider: t("spawn"),
-                label: None,
-                endpoint: None,
-                model: None,
-                persona: None,
-                tool_filter: Some(ToolFilter {
-                    allow: None,
-                    deny: Some(vec![]),
-                }),
-            },
+            spawned(Some(ToolFilter {
+                allow: None,
+                deny: Some(vec![]),
+            })),
         ),
         v(
             "subagent/descriptor/allow-only",
@@ -789,15 +780,11 @@ fn record_vectors() -> Vec<RecordVector> {
             SubagentDescriptor {
                 version: 2,
                 mode: DescriptorMode::Continuable,
-                provider: t("spawn"),
                 label: Some(t("researcher")),
-                endpoint: None,
-                model: None,
-                persona: None,
-                tool_filter: Some(ToolFilter {
+                ..spawned(Some(ToolFilter {
                     allow: Some(vec![t("search")]),
                     deny: None,
-                }),
+                }))
             },
         ),
         // approval/policy, sandbox/mode: every PolicySource.
@@ -1259,6 +1246,19 @@ fn data_lines(path: &str) -> Vec<(usize, Vec<String>)> {
         .collect()
 }
 
+/// The [`data_lines`] of `path`, each checked to have the `N` fields that `shape` names.
+fn lines_of<const N: usize>(path: &str, shape: &str) -> Vec<(usize, [String; N])> {
+    data_lines(path)
+        .into_iter()
+        .map(|(line, fields)| {
+            let fields = <[String; N]>::try_from(fields).unwrap_or_else(|fields| {
+                panic!("{path}:{line}: expected `{shape}`, got {fields:?}")
+            });
+            (line, fields)
+        })
+        .collect()
+}
+
 fn write_file(path: &str, contents: &str) {
     let dir = std::path::Path::new(path)
         .parent()
@@ -1619,11 +1619,8 @@ fn block_and_digest_vectors_match() {
     let mut records = BTreeMap::new();
     let mut digests = BTreeMap::new();
     let mut blocks = BTreeMap::new();
-    for (line, fields) in data_lines(BLOCK_FILE) {
-        let [what, at, bytes] = fields.as_slice() else {
-            panic!("{BLOCK_FILE}:{line}: expected `what position hex`, got {fields:?}");
-        };
-        let bytes = unhex(BLOCK_FILE, line, bytes);
+    for (line, [what, at, bytes]) in lines_of(BLOCK_FILE, "what position hex") {
+        let bytes = unhex(BLOCK_FILE, line, &bytes);
         let map = match what.as_str() {
             "record" => &mut records,
             "digest" => &mut digests,
@@ -1866,11 +1863,8 @@ fn session_vectors_match() {
 
     let mut problems = Vec::new();
     let mut stored = BTreeMap::new();
-    for (line, fields) in data_lines(SESSION_FILE) {
-        let [name, bytes] = fields.as_slice() else {
-            panic!("{SESSION_FILE}:{line}: expected `name hex`, got {fields:?}");
-        };
-        let bytes = unhex(SESSION_FILE, line, bytes);
+    for (line, [name, bytes]) in lines_of(SESSION_FILE, "name hex") {
+        let bytes = unhex(SESSION_FILE, line, &bytes);
         if stored.insert(name.clone(), (line, bytes)).is_some() {
             problems.push(format!("vector {name}: listed twice (line {line})"));
         }
@@ -2098,13 +2092,10 @@ fn invalid_vectors_are_refused() {
 
     let mut problems = Vec::new();
     let mut stored = BTreeMap::new();
-    for (line, fields) in data_lines(INVALID_FILE) {
-        let [name, refusal, bytes] = fields.as_slice() else {
-            panic!("{INVALID_FILE}:{line}: expected `name refusal hex`, got {fields:?}");
-        };
-        let bytes = unhex(INVALID_FILE, line, bytes);
+    for (line, [name, refusal, bytes]) in lines_of(INVALID_FILE, "name refusal hex") {
+        let bytes = unhex(INVALID_FILE, line, &bytes);
         if stored
-            .insert(name.clone(), (line, refusal.clone(), bytes))
+            .insert(name.clone(), (line, refusal, bytes))
             .is_some()
         {
             problems.push(format!("vector {name}: listed twice (line {line})"));

@@ -7,13 +7,17 @@
 //! The same specification runs once per wire format (`adapter_tests!`), each with that format's
 //! scripts from the test kit.
 
+mod common;
+
+use common::loopback_endpoint;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use lineage_agent::{AgentSpec, Agents, CreateAgent, Queued, Tool, ToolOutput};
-use lineage_log::{AbortCause, EventBody, EventKind, TurnEndReason};
+use lineage_log::{AbortCause, Event, EventBody, EventKind, TurnEndReason};
 use lineage_models::failure::{RATE_LIMIT, STREAM_CLOSED, TIMEOUT};
-use lineage_models::{ApiKey, Endpoint, HttpModel, RetryPolicy, Wire};
+use lineage_models::{HttpModel, RetryPolicy, Wire};
 use lineage_store::Store;
 use lineage_testkit::agent::*;
 use lineage_testkit::loopback::{LoopbackServer, Reply};
@@ -29,14 +33,12 @@ struct Host {
 
 impl Host {
     fn new(server: &LoopbackServer, wire: Wire) -> Host {
-        let mut endpoint = Endpoint::new("loop", wire, format!("{}/v1", server.base_url()))
-            .with_api_key(ApiKey::new(KEY));
-        endpoint.retry = RetryPolicy {
+        let retry = RetryPolicy {
             max_retries: 2,
             initial: Duration::from_millis(200),
             max: Duration::from_secs(5),
         };
-        endpoint.idle_timeout = Duration::from_secs(20);
+        let endpoint = loopback_endpoint(server, wire, KEY, retry, Duration::from_secs(20));
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = Store::open(dir.path().join("agents.lineage")).expect("the store opens");
         let model = Arc::new(HttpModel::new(endpoint).expect("the client builds"));
@@ -80,6 +82,28 @@ macro_rules! adapter_tests {
 
             const WIRE: Wire = $wire;
 
+            /// An agent with `tools` on `server`, in a host of its own, after one turn on
+            /// `prompt`.
+            async fn after_one_turn(
+                server: &LoopbackServer,
+                tools: Vec<Arc<dyn Tool>>,
+                prompt: &str,
+            ) -> (Host, Arc<lineage_agent::Agent>) {
+                let host = Host::new(server, WIRE);
+                let agent = host.agent(tools).await;
+                run_turn(&agent, prompt).await;
+                (host, agent)
+            }
+
+            /// The log of one turn on `prompt` by an agent with the weather tool on `server`,
+            /// checked to have completed.
+            async fn completed_weather_turn(server: &LoopbackServer, prompt: &str) -> Vec<Event> {
+                let (_host, agent) = after_one_turn(server, vec![weather()], prompt).await;
+                let events = agent.events();
+                assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+                events
+            }
+
             #[tokio::test(start_paused = true)]
             async fn a_text_turn_streams_into_the_log_with_its_usage() {
                 let answer = Script::new()
@@ -91,9 +115,7 @@ macro_rules! adapter_tests {
                 let server = LoopbackServer::start([answer.chunked(7, Duration::from_millis(5))])
                     .await
                     .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "greet me").await;
+                let (_host, agent) = after_one_turn(&server, Vec::new(), "greet me").await;
                 let events = agent.events();
                 assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
                 assert_eq!(assistant_texts(&events), ["Hello, world"]);
@@ -120,11 +142,7 @@ macro_rules! adapter_tests {
                 ])
                 .await
                 .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(vec![weather()]).await;
-                run_turn(&agent, "weather?").await;
-                let events = agent.events();
-                assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+                let events = completed_weather_turn(&server, "weather?").await;
                 assert_eq!(
                     assistant_texts(&events).last().map(String::as_str),
                     Some("It is sunny.")
@@ -160,11 +178,7 @@ macro_rules! adapter_tests {
                 ])
                 .await
                 .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(vec![weather()]).await;
-                run_turn(&agent, "two cities").await;
-                let events = agent.events();
-                assert_eq!(turn_ends(&events), [TurnEndReason::Completed]);
+                let events = completed_weather_turn(&server, "two cities").await;
                 let answers = tool_answers(&events);
                 assert_eq!(answers.len(), 2, "{answers:?}");
                 let second = server.requests()[1].json().unwrap().to_string();
@@ -184,9 +198,7 @@ macro_rules! adapter_tests {
                     body: script::error_body("rate_limit", "slow down"),
                 };
                 let server = LoopbackServer::start([refusal]).await.unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "hi").await;
+                let (_host, agent) = after_one_turn(&server, Vec::new(), "hi").await;
                 let error = only_error(&agent);
                 assert_eq!(&*error.code, RATE_LIMIT);
                 assert_eq!(error.status, Some(429));
@@ -206,9 +218,7 @@ macro_rules! adapter_tests {
                 let server = LoopbackServer::start([first, script::text(text)])
                     .await
                     .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "hi").await;
+                let (_host, agent) = after_one_turn(&server, Vec::new(), "hi").await;
                 assert_eq!(turn_ends(&agent.events()), [TurnEndReason::Completed]);
                 assert_eq!(assistant_texts(&agent.events()), [text]);
                 assert_eq!(server.requests().len(), 2);
@@ -234,9 +244,7 @@ macro_rules! adapter_tests {
                     LoopbackServer::start([Reply::Cut { body }, script::text("never asked")])
                         .await
                         .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "hi").await;
+                let (_host, agent) = after_one_turn(&server, Vec::new(), "hi").await;
                 let error = only_error(&agent);
                 assert_eq!(&*error.code, STREAM_CLOSED, "{error:?}");
                 assert_eq!(
@@ -248,14 +256,22 @@ macro_rules! adapter_tests {
                 assert_balanced(&agent.events());
             }
 
-            #[tokio::test(start_paused = true)]
-            async fn a_stream_that_goes_silent_mid_answer_times_out() {
-                let body = Script::new().text("thinking about it").body();
+            /// A server that streams `text` and then goes silent, and an agent on it.
+            async fn stalled_after(
+                text: &str,
+            ) -> (LoopbackServer, Host, Arc<lineage_agent::Agent>) {
+                let body = Script::new().text(text).body();
                 let server = LoopbackServer::start([Reply::Stall { body }])
                     .await
                     .unwrap();
                 let host = Host::new(&server, WIRE);
                 let agent = host.agent(Vec::new()).await;
+                (server, host, agent)
+            }
+
+            #[tokio::test(start_paused = true)]
+            async fn a_stream_that_goes_silent_mid_answer_times_out() {
+                let (server, _host, agent) = stalled_after("thinking about it").await;
                 let started = tokio::time::Instant::now();
                 run_turn(&agent, "hi").await;
                 assert_eq!(started.elapsed(), Duration::from_secs(20));
@@ -266,12 +282,7 @@ macro_rules! adapter_tests {
 
             #[tokio::test(start_paused = true)]
             async fn cancelling_mid_stream_drops_the_request_and_leaves_a_balanced_log() {
-                let body = Script::new().text("a long story").body();
-                let server = LoopbackServer::start([Reply::Stall { body }])
-                    .await
-                    .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
+                let (server, _host, agent) = stalled_after("a long story").await;
                 let mut events = agent.subscribe();
                 agent.followup(user("tell me")).unwrap();
                 wait_appended(&mut events, EventKind::AssistantChunk).await;
@@ -294,9 +305,7 @@ macro_rules! adapter_tests {
                 let server = LoopbackServer::start([Reply::status(401, quoted)])
                     .await
                     .unwrap();
-                let host = Host::new(&server, WIRE);
-                let agent = host.agent(Vec::new()).await;
-                run_turn(&agent, "hi").await;
+                let (host, agent) = after_one_turn(&server, Vec::new(), "hi").await;
                 let error = only_error(&agent);
                 assert!(!error.message.contains(KEY), "{error:?}");
                 let bytes = host.file_bytes(&agent).await;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assemble, call, sse_body};
+use common::{assemble, assert_reasoning_then_text, call, sse_body, text_deltas};
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -39,35 +39,22 @@ fn text_deltas_share_one_block_and_usage_comes_right_before_the_stop() {
         .text("lo")
         .usage(120, 7, Some(100))
         .stop();
-    assert_eq!(
-        read(&script).expect("a valid answer"),
-        vec![
-            StreamChunk::BlockStart {
-                index: 0,
-                block_type: BlockType::Text
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "Hel".into()
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "lo".into()
-            },
-            StreamChunk::BlockEnd {
-                index: 0,
-                block: Box::new(ContentBlock::text("Hello"))
-            },
-            StreamChunk::Usage(Box::new(Usage {
-                input_tokens: 120,
-                output_tokens: 7,
-                cache_read_tokens: Some(100)
-            })),
-            StreamChunk::Finish {
-                reason: FinishReason::Stop
-            },
-        ]
-    );
+    let mut expected = text_deltas(&["Hel", "lo"]);
+    expected.extend([
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: Box::new(ContentBlock::text("Hello")),
+        },
+        StreamChunk::Usage(Box::new(Usage {
+            input_tokens: 120,
+            output_tokens: 7,
+            cache_read_tokens: Some(100),
+        })),
+        StreamChunk::Finish {
+            reason: FinishReason::Stop,
+        },
+    ]);
+    assert_eq!(read(&script).expect("a valid answer"), expected);
 }
 
 #[test]
@@ -97,17 +84,7 @@ fn reasoning_then_text_assemble_to_two_blocks() {
             block_type: BlockType::Reasoning
         }
     );
-    let assembler = assemble(&chunks);
-    assert_eq!(
-        assembler.blocks(),
-        vec![
-            ContentBlock::Reasoning {
-                text: "Thinking.".into()
-            },
-            ContentBlock::text("Done."),
-        ]
-    );
-    assert_eq!(assembler.finish(), FinishReason::Stop);
+    assert_reasoning_then_text(&assemble(&chunks), "Thinking.", "Done.");
 }
 
 #[test]

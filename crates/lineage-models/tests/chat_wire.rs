@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{call, sse_body};
+use common::{assert_reasoning_then_text, call, sse_body, text_deltas};
 
 use lineage_agent::{Assembler, ModelError};
 use lineage_log::{BlockType, ContentBlock, FinishReason, StreamChunk, Usage};
@@ -28,26 +28,11 @@ fn assemble(script: &Script) -> (Vec<StreamChunk>, Assembler) {
 fn a_text_script_reads_to_one_text_block_and_a_stop() {
     let script = Script::new().text("Hel").text("lo").stop();
     let (chunks, assembled) = assemble(&script);
-    assert_eq!(
-        chunks,
-        vec![
-            StreamChunk::BlockStart {
-                index: 0,
-                block_type: BlockType::Text
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "Hel".into()
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "lo".into()
-            },
-            StreamChunk::Finish {
-                reason: FinishReason::Stop
-            },
-        ]
-    );
+    let mut expected = text_deltas(&["Hel", "lo"]);
+    expected.push(StreamChunk::Finish {
+        reason: FinishReason::Stop,
+    });
+    assert_eq!(chunks, expected);
     assert_eq!(assembled.blocks(), vec![ContentBlock::text("Hello")]);
     assert_eq!(
         sse_body(&chat::text("Hello")),
@@ -64,16 +49,7 @@ fn reasoning_then_text_are_two_blocks() {
             .text("Answer.")
             .stop(),
     );
-    assert_eq!(
-        assembled.blocks(),
-        vec![
-            ContentBlock::Reasoning {
-                text: "Thinking.".into()
-            },
-            ContentBlock::text("Answer."),
-        ]
-    );
-    assert_eq!(assembled.finish(), FinishReason::Stop);
+    assert_reasoning_then_text(&assembled, "Thinking.", "Answer.");
 }
 
 #[test]

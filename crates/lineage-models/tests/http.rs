@@ -3,6 +3,10 @@
 //! an unreachable endpoint, cancellation, and the router. Time is paused: backoffs and timeouts
 //! pass at once, and each test measures them on the paused clock.
 
+mod common;
+
+use common::loopback_endpoint;
+
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -11,22 +15,19 @@ use lineage_log::{AbortCause, Message, MessageSource, SessionId, StreamChunk};
 use lineage_models::failure::{
     AUTH, CONTEXT_WINDOW_EXCEEDED, INVALID_REQUEST, QUOTA, RATE_LIMIT, SERVER, TIMEOUT, TRANSPORT,
 };
-use lineage_models::{ApiKey, Endpoint, HttpModel, Models, RetryPolicy, UNKNOWN_ENDPOINT, Wire};
+use lineage_models::{Endpoint, HttpModel, Models, RetryPolicy, UNKNOWN_ENDPOINT, Wire};
 use lineage_testkit::loopback::{LoopbackServer, Reply};
 use tokio::time::Instant;
 
 const KEY: &str = "sk-test-0123456789abcdef";
 
 fn endpoint(server: &LoopbackServer, wire: Wire) -> Endpoint {
-    let mut endpoint = Endpoint::new("loop", wire, format!("{}/v1", server.base_url()))
-        .with_api_key(ApiKey::new(KEY));
-    endpoint.retry = RetryPolicy {
+    let retry = RetryPolicy {
         max_retries: 3,
         initial: Duration::from_millis(500),
         max: Duration::from_secs(10),
     };
-    endpoint.idle_timeout = Duration::from_secs(30);
-    endpoint
+    loopback_endpoint(server, wire, KEY, retry, Duration::from_secs(30))
 }
 
 fn model(endpoint: Endpoint) -> HttpModel {
@@ -60,6 +61,13 @@ async fn failure_of(model: &dyn Model) -> ModelError {
         Ok([other]) => panic!("expected one failure, got {other:?}"),
         Err(items) => panic!("expected one failure, got {items:?}"),
     }
+}
+
+/// The failure of one request to `server` in `wire`, without retries.
+async fn failure_without_retries(server: &LoopbackServer, wire: Wire) -> ModelError {
+    let mut endpoint = endpoint(server, wire);
+    endpoint.retry = RetryPolicy::NEVER;
+    failure_of(&model(endpoint)).await
 }
 
 fn status(status: u16, headers: &[(&str, &str)], body: &str) -> Reply {
@@ -158,9 +166,7 @@ async fn each_refusal_has_its_code_status_retry_after_and_request_id() {
                 _ => unreachable!(),
             };
             let server = LoopbackServer::start([reply]).await.unwrap();
-            let mut endpoint = endpoint(&server, wire);
-            endpoint.retry = RetryPolicy::NEVER;
-            let error = failure_of(&model(endpoint)).await;
+            let error = failure_without_retries(&server, wire).await;
             assert_eq!(
                 (&*error.code, error.status),
                 (code, Some(expected)),
@@ -274,10 +280,8 @@ async fn a_silent_stream_times_out_after_the_idle_timeout() {
     let server = LoopbackServer::start([Reply::Stall { body: Vec::new() }])
         .await
         .unwrap();
-    let mut endpoint = endpoint(&server, Wire::ChatCompletions);
-    endpoint.retry = RetryPolicy::NEVER;
     let started = Instant::now();
-    let error = failure_of(&model(endpoint)).await;
+    let error = failure_without_retries(&server, Wire::ChatCompletions).await;
     assert_eq!(error.code, TIMEOUT);
     assert_eq!(started.elapsed(), Duration::from_secs(30));
     assert!(error.message.contains("sent nothing for 30 s"), "{error}");
@@ -293,10 +297,8 @@ async fn keep_alive_comments_re_arm_the_idle_timeout() {
     }])
     .await
     .unwrap();
-    let mut endpoint = endpoint(&server, Wire::ChatCompletions);
-    endpoint.retry = RetryPolicy::NEVER;
     let started = Instant::now();
-    let error = failure_of(&model(endpoint)).await;
+    let error = failure_without_retries(&server, Wire::ChatCompletions).await;
     // The server closes after its last comment: the stream ends without the format's end.
     assert_ne!(error.code, TIMEOUT, "{error}");
     assert!(
@@ -450,9 +452,7 @@ async fn a_redirect_is_a_failure_and_the_key_is_not_sent_on() {
     let server = LoopbackServer::start([status(307, &[("location", &location)], "")])
         .await
         .unwrap();
-    let mut endpoint = endpoint(&server, Wire::AnthropicMessages);
-    endpoint.retry = RetryPolicy::NEVER;
-    let error = failure_of(&model(endpoint)).await;
+    let error = failure_without_retries(&server, Wire::AnthropicMessages).await;
     assert_eq!(
         (&*error.code, error.status),
         ("HTTP_307", Some(307)),

@@ -9,17 +9,23 @@ use lineage_testkit::loopback::{LoopbackServer, Recorded, Reply, sse_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A connection to `server` on which `request` has been sent as it is.
+async fn send_raw(server: &LoopbackServer, request: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(server.addr()).await.expect("connects");
+    stream.write_all(request).await.expect("sends");
+    stream
+}
+
 /// Sends a `POST` of `body` to `path` and returns the raw response bytes as far as the server
 /// sends them before it closes.
 async fn post(server: &LoopbackServer, path: &str, body: &str) -> Vec<u8> {
-    let mut stream = TcpStream::connect(server.addr()).await.expect("connects");
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
 Authorization: Bearer test-key\r\nContent-Length: {}\r\n\r\n{body}",
         server.addr(),
         body.len()
     );
-    stream.write_all(request.as_bytes()).await.expect("sends");
+    let mut stream = send_raw(server, request.as_bytes()).await;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.expect("reads");
     response
@@ -133,11 +139,11 @@ async fn a_stalled_stream_sends_what_it_has_then_nothing_until_the_client_leaves
     }])
     .await
     .expect("the server starts");
-    let mut stream = TcpStream::connect(server.addr()).await.expect("connects");
-    stream
-        .write_all(b"POST /v1/responses HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
-        .await
-        .expect("sends");
+    let mut stream = send_raw(
+        &server,
+        b"POST /v1/responses HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
     let mut received = Vec::new();
     let mut chunk = [0u8; 1024];
     while !received.ends_with(b"data: first\n\n") {
@@ -173,11 +179,11 @@ async fn a_request_beyond_the_script_is_answered_500_saying_so() {
 #[tokio::test]
 async fn a_request_the_server_cannot_read_is_answered_400() {
     let server = LoopbackServer::start([]).await.expect("the server starts");
-    let mut stream = TcpStream::connect(server.addr()).await.expect("connects");
-    stream
-        .write_all(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
-        .await
-        .expect("sends");
+    let mut stream = send_raw(
+        &server,
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    )
+    .await;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.expect("reads");
     let (status, _, body) = split(&response);

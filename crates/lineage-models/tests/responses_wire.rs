@@ -3,14 +3,12 @@
 
 mod common;
 
-use common::{assemble, call, sse_body};
+use common::{assemble, call, sse_body, text_deltas};
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use lineage_agent::ModelError;
-use lineage_log::{
-    BlockType, CallId, ContentBlock, FinishReason, StreamChunk, Text, ToolCallDelta, Usage,
-};
+use lineage_log::{CallId, ContentBlock, FinishReason, StreamChunk, Text, ToolCallDelta, Usage};
 use lineage_models::Wire;
 use lineage_models::failure::{
     self, BAD_RESPONSE, EMPTY_RESPONSE, QUOTA, RATE_LIMIT, SERVER, STREAM_CLOSED,
@@ -54,33 +52,35 @@ fn code(reason: &FinishReason) -> Option<&str> {
     }
 }
 
+/// Checks that the chunk before the last is the usage of `(input, output, cache read)` tokens.
+fn assert_usage_second_to_last(
+    chunks: &[StreamChunk],
+    (input, output, cache_read): (u64, u64, Option<u64>),
+) {
+    assert_eq!(
+        chunks[chunks.len() - 2],
+        StreamChunk::Usage(Box::new(Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_read_tokens: cache_read,
+        }))
+    );
+}
+
 #[test]
 fn consecutive_text_deltas_share_one_block() {
     let script = Script::new().text("Hel").text("lo").stop();
-    assert_eq!(
-        chunks(&script),
-        vec![
-            StreamChunk::BlockStart {
-                index: 0,
-                block_type: BlockType::Text
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "Hel".into()
-            },
-            StreamChunk::TextDelta {
-                index: 0,
-                text: "lo".into()
-            },
-            StreamChunk::BlockEnd {
-                index: 0,
-                block: Box::new(ContentBlock::text("Hello"))
-            },
-            StreamChunk::Finish {
-                reason: FinishReason::Stop
-            },
-        ]
-    );
+    let mut expected = text_deltas(&["Hel", "lo"]);
+    expected.extend([
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: Box::new(ContentBlock::text("Hello")),
+        },
+        StreamChunk::Finish {
+            reason: FinishReason::Stop,
+        },
+    ]);
+    assert_eq!(chunks(&script), expected);
     let whole = responses::text("Hello");
     let (from_helper, result) = read_cut(sse_body(&whole), &[]);
     assert_eq!(result, Ok(()));
@@ -111,15 +111,7 @@ fn reasoning_then_text_then_a_call_are_three_blocks() {
         ]
     );
     assert_eq!(assembler.finish(), FinishReason::ToolCalls);
-    let n = chunks.len();
-    assert_eq!(
-        chunks[n - 2],
-        StreamChunk::Usage(Box::new(Usage {
-            input_tokens: 100,
-            output_tokens: 20,
-            cache_read_tokens: Some(64),
-        }))
-    );
+    assert_usage_second_to_last(&chunks, (100, 20, Some(64)));
     assert!(chunks.contains(&call_delta(2, "call_1", Some("read"), "{\"path\"")));
     assert!(chunks.contains(&call_delta(2, "call_1", None, ":\"a\"}")));
 }
@@ -174,16 +166,11 @@ fn parallel_calls_interleave_but_keep_their_own_blocks_and_ids() {
 #[test]
 fn usage_comes_right_before_the_finish_and_nothing_after_it() {
     let chunks = chunks(&Script::new().usage(7, 3, None).text("ok").stop());
-    let n = chunks.len();
-    assert_eq!(
-        chunks[n - 2],
-        StreamChunk::Usage(Box::new(Usage {
-            input_tokens: 7,
-            output_tokens: 3,
-            cache_read_tokens: None,
-        }))
-    );
-    assert!(matches!(chunks[n - 1], StreamChunk::Finish { .. }));
+    assert_usage_second_to_last(&chunks, (7, 3, None));
+    assert!(matches!(
+        chunks[chunks.len() - 1],
+        StreamChunk::Finish { .. }
+    ));
 }
 
 #[test]

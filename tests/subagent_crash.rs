@@ -12,12 +12,9 @@ use lineage::log::{
 };
 use lineage::store::Store;
 use lineage::subagent::{ChildOptions, ContinuableRequest, SpawnProvider, SubagentRuntime};
-use lineage_testkit::process::{crash_after_report, helper_command, report_line};
+use lineage_testkit::process::{crash_after_report, helper_job, report_line, rerun_this_test};
 use lineage_testkit::read::{text_lines, turn_ends};
 use lineage_testkit::subagent::{Router, settled_notice};
-
-/// Names the store the host process writes; without it the helper does nothing.
-const STORE_VAR: &str = "LINEAGE_SUBAGENT_CRASH_STORE";
 
 fn lead_spec() -> AgentSpec {
     AgentSpec {
@@ -31,15 +28,11 @@ fn lead_spec() -> AgentSpec {
     }
 }
 
-/// The host: a lead with one continuable child whose model never answers. It prints both ids
-/// once the child's request is in flight, then waits to be killed.
-#[tokio::test]
-#[ignore = "helper process for the crash test"]
-async fn crash_host_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
-    let store = Store::open(&path).expect("the host opens the store");
+/// The host (the crash test re-run with the store's path as its job): a lead with one continuable
+/// child whose model never answers. It prints both ids once the child's request is in flight,
+/// then waits to be killed.
+async fn host_until_killed(path: &str) {
+    let store = Store::open(path).expect("the host opens the store");
     let model = Arc::new(Router::default());
     model.script("worker", [Response::hang()]);
     model.script("lead", [Response::text("on it")]);
@@ -72,12 +65,10 @@ async fn crash_host_child() {
     std::future::pending::<()>().await;
 }
 
-/// Runs the host until its child is mid-turn, kills it, and returns the lead's and child's ids.
+/// Runs the host (the calling test re-run) until its child is mid-turn, kills it, and returns
+/// the lead's and child's ids.
 fn crash_host(path: &std::path::Path) -> (SessionId, SessionId) {
-    let reached = crash_after_report(
-        helper_command("crash_host_child").env(STORE_VAR, path),
-        "reached ",
-    );
+    let reached = crash_after_report(&mut rerun_this_test(path), "reached ");
     let mut parts = reached
         .split_whitespace()
         .map(|p| p.parse().expect("an id"));
@@ -86,6 +77,9 @@ fn crash_host(path: &std::path::Path) -> (SessionId, SessionId) {
 
 #[tokio::test]
 async fn a_child_torn_by_a_crash_is_resumed_by_its_parents_message_without_its_provider() {
+    if let Some(path) = helper_job() {
+        return host_until_killed(&path).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host.lineage");
     let (lead_id, child_id) = crash_host(&path);

@@ -8,24 +8,24 @@ use lineage_agent::{Agents, CreateAgent, Response, ScriptedModel, ToolOutput};
 use lineage_log::{EventBody, SessionId, TOOL_OUTCOME_UNKNOWN, TurnEndReason};
 use lineage_store::Store;
 use lineage_testkit::agent::*;
-use lineage_testkit::process::{crash_after_report, helper_command, report_line};
+use lineage_testkit::process::{
+    crash_after_report, helper_arg, helper_job, report_line, rerun_this_test,
+};
 
-/// Names the store file the host process writes; without it the helper does nothing.
+/// Names the store file the host process writes.
 const STORE_VAR: &str = "LINEAGE_AGENT_CRASH_STORE";
-/// Where the helper stops: `tool` (inside a tool call) or `stream` (inside a model stream).
-const POINT_VAR: &str = "LINEAGE_AGENT_CRASH_POINT";
 
-/// The host process: creates an agent, sends it a prompt and reports, on stdout, when the turn has
-/// reached the requested point; it then waits forever for the parent to kill it.
-#[tokio::test]
-#[ignore = "helper process for the crash tests"]
-async fn crash_host_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
-    let point = std::env::var(POINT_VAR).expect("the parent names a point");
+/// The host process (a crash test re-run with the point to stop at as its job: `tool`, inside a
+/// tool call, or `stream`, inside a model stream): creates an agent, sends it a prompt and
+/// reports, on stdout, when the turn has reached that point; it then waits forever for the parent
+/// to kill it.
+async fn host_until_killed(point: &str) {
+    // The tests run on a paused clock; a host runs on the real one, so nothing in the turn times
+    // out early while the host waits to be killed.
+    tokio::time::resume();
+    let path: String = helper_arg(STORE_VAR);
     let store = Store::open(&path).expect("the host opens the store");
-    let script = match point.as_str() {
+    let script = match point {
         "tool" => vec![Response::tool_call(
             "call-1",
             "deploy",
@@ -50,7 +50,7 @@ async fn crash_host_child() {
     agent
         .followup(user("deploy it"))
         .expect("the prompt is queued");
-    match point.as_str() {
+    match point {
         "tool" => reached.recv().await.expect("the tool runs"),
         _ => model.wait_for_requests(1).await,
     }
@@ -58,19 +58,18 @@ async fn crash_host_child() {
     std::future::pending::<()>().await;
 }
 
-/// Runs the host until it reports `point`, kills it, and returns the agent's id.
+/// Runs the host (the calling test re-run) until it reports `point`, kills it, and returns the
+/// agent's id.
 fn crash_host_at(path: &std::path::Path, point: &str) -> SessionId {
-    let reached = crash_after_report(
-        helper_command("crash_host_child")
-            .env(STORE_VAR, path)
-            .env(POINT_VAR, point),
-        "reached ",
-    );
+    let reached = crash_after_report(rerun_this_test(point).env(STORE_VAR, path), "reached ");
     reached.parse().expect("the host prints a session id")
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_mid_tool_resumes_with_the_turn_interrupted_and_the_call_answered_unknown() {
+    if let Some(point) = helper_job() {
+        return host_until_killed(&point).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host.lineage");
     let id = crash_host_at(&path, "tool");
@@ -114,6 +113,9 @@ async fn a_crash_mid_tool_resumes_with_the_turn_interrupted_and_the_call_answere
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_mid_stream_resumes_with_the_prompt_kept_and_the_turn_interrupted() {
+    if let Some(point) = helper_job() {
+        return host_until_killed(&point).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host.lineage");
     let id = crash_host_at(&path, "stream");

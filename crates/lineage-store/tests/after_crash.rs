@@ -15,26 +15,20 @@ use lineage_log::SessionId;
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
 use lineage_testkit::TurnStream;
-use lineage_testkit::process::{Helper, helper_command, report_line};
+use lineage_testkit::process::{Helper, helper_job, report_line, rerun_this_test};
 
-/// Names the store file the helper opens; without it the helper does nothing.
-const STORE_VAR: &str = "LINEAGE_STORE_AFTER_CRASH_STORE";
 /// The seed of the helper's events; without it the helper writes nothing.
 const SEED_VAR: &str = "LINEAGE_STORE_AFTER_CRASH_SEED";
 /// A writer left alone stops writing after this many events and waits to be killed.
 const RUN_CAP: u64 = 20_000;
 
-/// The writer process: opens the store (creating it if needed) and prints `opened`. With a seed it
-/// then writes one new session from a deterministic stream of turns cut into batches of random
-/// sizes, printing `flushed <session> <seq>` once each batch is durable. Then it waits to be
-/// killed, its store still open.
-#[test]
-#[ignore = "helper process for the after-crash tests"]
-fn after_crash_writer_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
-    let store = Store::open(&path).expect("the writer opens the store");
+/// The writer process (each test re-run with the store's path as its job): opens the store
+/// (creating it if needed) and prints `opened`. With a seed it then writes one new session from a
+/// deterministic stream of turns cut into batches of random sizes, printing
+/// `flushed <session> <seq>` once each batch is durable. Then it waits to be killed, its store
+/// still open.
+fn write_until_killed(path: &str) {
+    let store = Store::open(path).expect("the writer opens the store");
     report_line("opened");
     if let Ok(seed) = std::env::var(SEED_VAR) {
         let seed: u64 = seed.parse().expect("the seed is a number");
@@ -56,7 +50,7 @@ fn after_crash_writer_child() {
     }
 }
 
-/// A writer process, running.
+/// A writer process (the calling test re-run), running.
 struct Writer {
     helper: Helper,
     lines: Lines<BufReader<ChildStdout>>,
@@ -64,8 +58,7 @@ struct Writer {
 
 impl Writer {
     fn start(path: &Path, seed: Option<u64>) -> Writer {
-        let mut command = helper_command("after_crash_writer_child");
-        command.env(STORE_VAR, path);
+        let mut command = rerun_this_test(path);
         if let Some(seed) = seed {
             command.env(SEED_VAR, seed.to_string());
         }
@@ -150,6 +143,9 @@ fn closed_store(dir: &Path) -> (PathBuf, SessionId) {
 
 #[test]
 fn a_writer_killed_right_after_it_opened_the_store_leaves_it_readable_read_only() {
+    if let Some(path) = helper_job() {
+        return write_until_killed(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (path, id) = closed_store(dir.path());
     let clean = Store::open_read_only(&path).unwrap();
@@ -188,6 +184,9 @@ fn a_writer_killed_right_after_it_opened_the_store_leaves_it_readable_read_only(
 
 #[test]
 fn a_writer_killed_after_it_wrote_leaves_every_durable_event_readable_read_only() {
+    if let Some(path) = helper_job() {
+        return write_until_killed(&path);
+    }
     let mut rng = SplitMix64::new(0xaf7e_c0a5);
     for round in 0..6 {
         let dir = tempfile::tempdir().unwrap();
@@ -235,6 +234,9 @@ fn a_writer_killed_after_it_wrote_leaves_every_durable_event_readable_read_only(
 
 #[test]
 fn a_read_only_handle_opened_after_a_crash_follows_the_next_writer() {
+    if let Some(path) = helper_job() {
+        return write_until_killed(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (path, id) = closed_store(dir.path());
     Writer::start(&path, None).kill();

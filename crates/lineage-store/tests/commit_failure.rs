@@ -389,6 +389,18 @@ fn turns(range: std::ops::Range<u64>) -> Vec<Vec<Event>> {
         .collect()
 }
 
+/// A store over a new countdown backend with one session whose first of `turns_in_all` turns is
+/// appended: the backend, the store, the session and all its turns.
+fn first_batch_appended(turns_in_all: u64) -> (Countdown, Store, SessionId, Vec<Vec<Event>>) {
+    let backend = Countdown::new();
+    let store = countdown_store(&backend);
+    let (id, header) = fresh();
+    store.create(header).unwrap();
+    let batches = turns(0..turns_in_all);
+    store.append(id, &batches[0]).unwrap();
+    (backend, store, id, batches)
+}
+
 /// For every operation kind, once and sticky, the `at`-th operation fails while two sessions
 /// append: every batch whose append or flush returned `Ok` is stored byte for byte afterwards,
 /// every error names what is not durable, and once storage works every batch admitted is
@@ -477,12 +489,7 @@ fn a_fault_at_any_operation_loses_nothing_acknowledged() {
 /// retried as a conflict and later appends continue after it.
 #[test]
 fn a_commit_whose_sync_failed_but_landed_is_finished_not_refused() {
-    let backend = Countdown::new();
-    let store = countdown_store(&backend);
-    let (id, header) = fresh();
-    store.create(header).unwrap();
-    let batches = turns(0..3);
-    store.append(id, &batches[0]).unwrap();
+    let (backend, store, id, batches) = first_batch_appended(3);
     // The commit's sync fails once; the store answers again at once.
     backend.arm(Op::Sync, 0, false);
     match store.append(id, &batches[1]) {
@@ -504,12 +511,7 @@ fn a_commit_whose_sync_failed_but_landed_is_finished_not_refused() {
 /// syncs work again.
 #[test]
 fn while_syncs_keep_failing_flushes_name_every_seq_not_durable() {
-    let backend = Countdown::new();
-    let store = countdown_store(&backend);
-    let (id, header) = fresh();
-    store.create(header).unwrap();
-    let batches = turns(0..4);
-    store.append(id, &batches[0]).unwrap();
+    let (backend, store, id, batches) = first_batch_appended(4);
     backend.arm(Op::Sync, 0, true);
     let error = store.append(id, &batches[1]).unwrap_err();
     match &error {

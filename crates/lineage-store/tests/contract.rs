@@ -36,13 +36,7 @@ fn snapshot(store: &Store, session: SessionId) -> Snapshot {
 }
 
 fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
-    ForkSpec {
-        child,
-        boundary,
-        time_ms: T0 + 5_000,
-        delegation_depth: 0,
-        agent_preset: None,
-    }
+    fork_spec(child, boundary, T0 + 5_000, 0)
 }
 
 fn store_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
@@ -657,13 +651,7 @@ fn fork_copies_the_prefix_verbatim_then_writes_session_lineage() {
     let picks = [cuts[0], cuts[cuts.len() / 2], cuts[cuts.len() - 1]];
     for seed_len in picks {
         let child = SessionId::new();
-        let spec = ForkSpec {
-            child,
-            boundary: Some(seed_len as u64 - 1),
-            time_ms: T0 + 77,
-            delegation_depth: 2,
-            agent_preset: None,
-        };
+        let spec = fork_spec(child, Some(seed_len as u64 - 1), T0 + 77, 2);
         let header = store.fork(parent, &spec).unwrap();
         let expected = fork_session(&parent_header, &log, &spec).unwrap();
         assert_eq!(header, expected.header, "seed_len {seed_len}");
@@ -797,12 +785,9 @@ fn stats_count_sessions_events_blocks_and_kinds() {
 #[test]
 fn a_read_only_handle_refuses_writes_and_serves_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let path = store_file(&dir);
-    let (id, header) = fresh();
     let log = open_turn_log();
-    let writer = Store::open(&path).unwrap();
-    writer.import(header.clone(), &log).unwrap();
-    writer.close().unwrap();
+    let (path, header) = closed_store_with(dir.path(), &log);
+    let id = header.id;
     let bytes_before = store_contents(&path);
 
     let store = Store::open_read_only(&path).unwrap();
@@ -837,11 +822,8 @@ fn a_read_only_handle_refuses_writes_and_serves_reads() {
 #[test]
 fn fork_on_a_read_only_handle_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = store_file(&dir);
-    let (parent, header) = fresh();
-    let writer = Store::open(&path).unwrap();
-    writer.import(header, &completed_turns(2)).unwrap();
-    writer.close().unwrap();
+    let (path, header) = closed_store_with(dir.path(), &completed_turns(2));
+    let parent = header.id;
 
     let store = Store::open_read_only(&path).unwrap();
     let child = SessionId::new();
@@ -976,11 +958,8 @@ fn set_store_format(path: &Path, version: u32) {
 #[test]
 fn a_store_of_a_newer_or_older_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = store_file(&dir);
-    let (id, header) = fresh();
-    let store = Store::open(&path).unwrap();
-    store.import(header, &completed_turns(1)).unwrap();
-    store.close().unwrap();
+    let (path, header) = closed_store_with(dir.path(), &completed_turns(1));
+    let id = header.id;
 
     set_store_format(&path, STORE_FORMAT_VERSION + 1);
     for result in [

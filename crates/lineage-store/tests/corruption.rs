@@ -93,11 +93,9 @@ fn damaged_store() -> Damaged {
     }
 }
 
-fn assert_corrupt_block<T: std::fmt::Debug>(
-    result: Result<T, StoreError>,
-    victim: SessionId,
-    marker_seq: u64,
-) {
+/// Checks that `result` is the refusal of `d`'s damaged block.
+fn assert_corrupt_block<T: std::fmt::Debug>(result: Result<T, StoreError>, d: &Damaged) {
+    let (victim, marker_seq) = (d.victim, d.marker_seq);
     match result {
         Err(StoreError::CorruptBlock {
             session,
@@ -138,8 +136,8 @@ fn a_flipped_byte_in_a_block_is_named_by_verify_and_refused_by_load() {
     let d = damaged_store();
     let store = Store::open(&d.path).unwrap();
     check_report(&store, &d);
-    assert_corrupt_block(store.load(d.victim), d.victim, d.marker_seq);
-    assert_corrupt_block(store.inspect(d.victim), d.victim, d.marker_seq);
+    assert_corrupt_block(store.load(d.victim), &d);
+    assert_corrupt_block(store.inspect(d.victim), &d);
     // A refused load wrote nothing: the victim is as it was.
     assert_eq!(store.info(d.victim).unwrap().len, d.victim_log.len() as u64);
     for (id, log) in &d.others {
@@ -163,7 +161,7 @@ fn a_read_only_open_reports_the_damaged_block_too() {
     let d = damaged_store();
     let store = Store::open_read_only(&d.path).unwrap();
     check_report(&store, &d);
-    assert_corrupt_block(store.inspect(d.victim), d.victim, d.marker_seq);
+    assert_corrupt_block(store.inspect(d.victim), &d);
     for (id, log) in &d.others {
         assert_eq!(store.inspect(*id).unwrap().events[..log.len()], log[..]);
     }
@@ -174,7 +172,7 @@ fn appending_to_a_damaged_session_is_refused() {
     let d = damaged_store();
     let store = Store::open(&d.path).unwrap();
     let next = completed_turn(6, 30, "more");
-    assert_corrupt_block(store.append(d.victim, &next), d.victim, d.marker_seq);
+    assert_corrupt_block(store.append(d.victim, &next), &d);
     assert_eq!(store.info(d.victim).unwrap().len, 30);
 }
 
@@ -199,7 +197,7 @@ fn a_fork_before_the_damaged_block_succeeds_and_one_through_it_is_refused() {
     // Through the damaged block: past its end, and at turn 3's end inside it (past the marker).
     for boundary in [29, 17] {
         let through = spec(boundary);
-        assert_corrupt_block(store.fork(d.victim, &through), d.victim, d.marker_seq);
+        assert_corrupt_block(store.fork(d.victim, &through), &d);
         match store.info(through.child) {
             Err(StoreError::UnknownSession { .. }) => {}
             other => panic!("boundary {boundary}: the refused fork created {other:?}"),

@@ -11,11 +11,9 @@ use common::*;
 use lineage_log::{SessionId, is_balanced};
 use lineage_store::{Store, StoreError};
 use lineage_testkit::SplitMix64;
-use lineage_testkit::process::{Helper, helper_command, report_line};
+use lineage_testkit::process::{Helper, helper_arg, helper_job, report_line, rerun_this_test};
 use lineage_testkit::{TurnStream, last_turn};
 
-/// Names the store file the helper writes to; without it the helper does nothing.
-const STORE_VAR: &str = "LINEAGE_STORE_CRASH_STORE";
 /// The seed of the helper's event stream and batching.
 const SEED_VAR: &str = "LINEAGE_STORE_CRASH_SEED";
 /// How many times a writer is killed.
@@ -23,22 +21,14 @@ const KILLS: usize = 24;
 /// A writer left alone stops after this many events of one run (it is always killed far sooner).
 const RUN_CAP: u64 = 50_000;
 
-/// The writer process: continues the store's only session (creating it on the first run) with a
+/// The writer process (each test re-run with the store's location as its job): continues the store's only session (creating it on the first run) with a
 /// deterministic stream of realistic turns cut into batches of random sizes, so turns are often
 /// left open across batches. Each append returns only once durable; its last seq is then printed
 /// as `flushed <session> <seq>`. Some batches are only admitted and become durable with the next
 /// append, which prints the seq of the last of them.
-#[test]
-#[ignore = "helper process for the crash test"]
-fn crash_writer_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
-    let seed: u64 = std::env::var(SEED_VAR)
-        .expect("the parent names a seed")
-        .parse()
-        .expect("the seed is a number");
-    let store = Store::open(&path).expect("the writer opens the store");
+fn write_until_killed(path: &str) {
+    let seed: u64 = helper_arg(SEED_VAR);
+    let store = Store::open(path).expect("the writer opens the store");
     let id = match store.list().expect("the store lists").first() {
         Some(info) => info.header.id,
         None => {
@@ -83,6 +73,9 @@ fn flushed(line: &str) -> Option<(SessionId, u64)> {
 
 #[test]
 fn killed_writers_lose_nothing_they_flushed() {
+    if let Some(path) = helper_job() {
+        return write_until_killed(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     killed_writers_lose_nothing(&dir.path().join("sessions.lineage"), true);
 }
@@ -91,6 +84,9 @@ fn killed_writers_lose_nothing_they_flushed() {
 /// by the server, and what it committed is there.
 #[test]
 fn killed_postgres_writers_lose_nothing_they_flushed() {
+    if let Some(path) = helper_job() {
+        return write_until_killed(&path);
+    }
     let url = lineage_testkit::postgres::postgres().create_database();
     killed_writers_lose_nothing(std::path::Path::new(&url), false);
 }
@@ -106,11 +102,7 @@ fn killed_writers_lose_nothing(path: &std::path::Path, exclusive: bool) {
 
     for iteration in 0..KILLS {
         let seed = rng.next_u64();
-        let mut helper = Helper::spawn(
-            helper_command("crash_writer_child")
-                .env(STORE_VAR, path)
-                .env(SEED_VAR, seed.to_string()),
-        );
+        let mut helper = Helper::spawn(rerun_this_test(path).env(SEED_VAR, seed.to_string()));
         let child = &mut helper.0;
         let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         let mut seqs = Vec::new();

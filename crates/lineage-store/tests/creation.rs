@@ -13,41 +13,23 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lineage_store::{Store, StoreError, StoreOptions};
-use lineage_testkit::process::{Helper, helper_command, report_line};
+use lineage_testkit::process::{Helper, helper_job, report_line, rerun_this_test};
 use redb::StorageBackend;
 use redb::backends::FileBackend;
 
-/// Names the store file the helper creates; without it the helper does nothing.
-const STORE_VAR: &str = "LINEAGE_STORE_CREATION_STORE";
-
-/// The creator process: prints `ready`, creates the store, prints `created`, closes it and prints
-/// `closed`.
-#[test]
-#[ignore = "helper process for the creation tests"]
-fn creator_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
+/// The creator process (the kill test re-run with the store's path as its job): prints `ready`,
+/// creates the store, prints `created`, closes it and prints `closed`.
+fn create(path: &str) {
     report_line("ready");
-    let store = Store::open(&path).expect("the store is created");
+    let store = Store::open(path).expect("the store is created");
     report_line("created");
     store.close().expect("the new store closes");
     report_line("closed");
 }
 
-/// The names in `dir`, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
-/// A creator process that has printed `ready`, and the moment the line arrived.
+/// A creator process (the calling test re-run) that has printed `ready`, and its further lines.
 fn start_creator(path: &Path) -> (Helper, std::io::Lines<BufReader<std::process::ChildStdout>>) {
-    let mut helper = Helper::spawn(helper_command("creator_child").env(STORE_VAR, path));
+    let mut helper = Helper::spawn(&mut rerun_this_test(path));
     let mut lines = BufReader::new(helper.0.stdout.take().expect("piped stdout")).lines();
     loop {
         match lines.next() {
@@ -79,6 +61,9 @@ fn creation_time(dir: &Path) -> Duration {
 
 #[test]
 fn a_creator_killed_at_any_moment_leaves_no_file_or_a_store_that_opens() {
+    if let Some(path) = helper_job() {
+        return create(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let window = creation_time(dir.path());
     // Kill moments from right after `ready` to past the end of creation, in fine steps.

@@ -9,16 +9,12 @@ mod common;
 use common::*;
 use lineage_log::{Digest, Event, ForkSpec, Header, Origin, SessionId, SessionLineage};
 use lineage_store::{DeleteRule, Store, StoreError};
-use lineage_testkit::process::{Helper, after_marker, helper_command, report_line, wait_for_line};
+use lineage_testkit::process::{
+    Helper, after_marker, helper_job, report_line, rerun_this_test, wait_for_line,
+};
 
-fn fork_spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
-    ForkSpec {
-        child,
-        boundary,
-        time_ms: T0 + 60_000,
-        delegation_depth: 0,
-        agent_preset: None,
-    }
+fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
+    fork_spec(child, boundary, T0 + 60_000, 0)
 }
 
 /// A tree and a bystander, in a file store with small blocks:
@@ -53,13 +49,13 @@ fn tree() -> Tree {
     let (root, h) = fresh();
     store.import(h, &completed_turns(3)).unwrap();
     let child = SessionId::new();
-    let forked = store.fork(root, &fork_spec(child, None)).unwrap();
+    let forked = store.fork(root, &spec(child, None)).unwrap();
     let next = forked.seed_len + 1;
     store
         .append(child, &completed_turn(4, next, "child's own turn"))
         .unwrap();
     let grandchild = SessionId::new();
-    store.fork(child, &fork_spec(grandchild, Some(11))).unwrap();
+    store.fork(child, &spec(grandchild, Some(11))).unwrap();
     let spawned = SessionId::new();
     let spawned_header = Header {
         parent: Some(root),
@@ -88,7 +84,7 @@ fn tree() -> Tree {
     let (other, h) = fresh();
     store.import(h, &completed_turns(3)).unwrap();
     let other_fork = SessionId::new();
-    store.fork(other, &fork_spec(other_fork, Some(5))).unwrap();
+    store.fork(other, &spec(other_fork, Some(5))).unwrap();
     assert_intact(&store.verify().unwrap());
     store.close().unwrap();
     Tree {
@@ -328,7 +324,7 @@ fn batches_admitted_before_a_delete_go_with_it_and_later_writes_are_refused() {
         store.flush(tree.other_fork),
         store.load(tree.other_fork).map(drop),
         store
-            .fork(tree.other_fork, &fork_spec(SessionId::new(), None))
+            .fork(tree.other_fork, &spec(SessionId::new(), None))
             .map(drop),
     ] {
         assert!(
@@ -388,12 +384,10 @@ fn a_new_session_may_be_written_under_a_deleted_id() {
 // ---------------------------------------------------------------------------------------------
 // A writer killed while deleting.
 
-/// Names the store the deleter works on; it makes the crash test's re-run the deleter.
-const DELETER_STORE_VAR: &str = "LINEAGE_STORE_DELETE_STORE";
 /// How many sessions the crash test's store holds.
 const CRASH_SESSIONS: usize = 24;
 
-/// The deleter (the crash test re-run with [`DELETER_STORE_VAR`] set): opens the store and
+/// The deleter (the crash test re-run with the store's location as its job): opens the store and
 /// deletes its sessions oldest first, one commit each, saying `deleting <n>` before the n-th,
 /// until it is killed.
 fn delete_until_killed(path: &str) {
@@ -410,7 +404,7 @@ fn delete_until_killed(path: &str) {
 
 #[test]
 fn a_writer_killed_while_deleting_leaves_each_session_whole_or_gone() {
-    if let Ok(path) = std::env::var(DELETER_STORE_VAR) {
+    if let Some(path) = helper_job() {
         return delete_until_killed(&path);
     }
     let dir = tempfile::tempdir().unwrap();
@@ -426,10 +420,7 @@ fn a_writer_killed_while_deleting_leaves_each_session_whole_or_gone() {
     let before = Dump::of(&path);
 
     for kill_after in [1usize, 7, 15] {
-        let mut command =
-            helper_command("a_writer_killed_while_deleting_leaves_each_session_whole_or_gone");
-        command.env(DELETER_STORE_VAR, &path);
-        let mut helper = Helper::spawn(&mut command);
+        let mut helper = Helper::spawn(&mut rerun_this_test(&path));
         let lines = helper.lines();
         wait_for_line(&lines, |l| after_marker(l, "ready").map(drop));
         // Killed as the deletion of session `kill_after` begins: it is committed or not.
@@ -484,7 +475,7 @@ fn metadata_of_a_session_and_a_fork() {
     assert_eq!(got.tags.get("user").map(String::as_str), Some("alice"));
     // A fork inherits the event in its prefix but not the metadata.
     let child = SessionId::new();
-    store.fork(id, &fork_spec(child, None)).unwrap();
+    store.fork(id, &spec(child, None)).unwrap();
     assert_eq!(store.session_meta(child).unwrap(), Default::default());
     assert!(matches!(
         store.session_meta(SessionId::new()),

@@ -9,13 +9,7 @@ use lineage_log::{Event, ForkSpec, LogError, SessionId, SessionLineage, fork_ses
 use lineage_store::StoreError;
 
 fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
-    ForkSpec {
-        child,
-        boundary,
-        time_ms: T0 + 9_000,
-        delegation_depth: 1,
-        agent_preset: None,
-    }
+    fork_spec(child, boundary, T0 + 9_000, 1)
 }
 
 fn assert_exists<T: std::fmt::Debug>(result: Result<T, StoreError>, id: SessionId) {

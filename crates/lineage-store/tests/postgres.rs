@@ -11,23 +11,24 @@ use common::*;
 use lineage_log::SessionId;
 use lineage_store::{STORE_FORMAT_VERSION, Store, StoreError};
 use lineage_testkit::postgres::postgres;
-use lineage_testkit::process::{Helper, after_marker, helper_command, report_line, wait_for_line};
+use lineage_testkit::process::{
+    Helper, after_marker, helper_arg, helper_job, report_line, rerun_this_test, wait_for_line,
+};
 use lineage_testkit::{last_turn, realistic_session};
 use proptest::prelude::*;
 
-/// Names the database the racing writer opens; without it the helper does nothing.
+/// The database the racing writers open.
 const URL_VAR: &str = "LINEAGE_RACE_URL";
 /// The session both writers append to.
 const SESSION_VAR: &str = "LINEAGE_RACE_SESSION";
-/// The writer's name, written into its turns.
-const NAME_VAR: &str = "LINEAGE_RACE_NAME";
 
-/// The writer process of the racing test (which re-runs itself with the writer's variables): at
-/// each `go` on stdin it appends one completed turn where its view of the session ends, and says
-/// whether it `won` (the new length) or `lost` (the conflict's expected and got seqs); after a
-/// loss it loads the session again.
-fn racing_writer(url: String, session: String, name: String) {
-    let id: SessionId = session.parse().expect("a session id");
+/// The writer process of the racing test (which re-runs itself with the writer's name, written
+/// into its turns, as its job): at each `go` on stdin it appends one completed turn where its view
+/// of the session ends, and says whether it `won` (the new length) or `lost` (the conflict's
+/// expected and got seqs); after a loss it loads the session again.
+fn racing_writer(name: &str) {
+    let url: String = helper_arg(URL_VAR);
+    let id: SessionId = helper_arg(SESSION_VAR);
     let store = Store::open(&url).expect("the writer opens the store");
     let mut events = store.load(id).expect("the session loads").events;
     report_line("race: ready");
@@ -56,12 +57,8 @@ fn racing_writer(url: String, session: String, name: String) {
 
 #[test]
 fn of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict() {
-    if let (Ok(url), Ok(session), Ok(name)) = (
-        std::env::var(URL_VAR),
-        std::env::var(SESSION_VAR),
-        std::env::var(NAME_VAR),
-    ) {
-        return racing_writer(url, session, name);
+    if let Some(name) = helper_job() {
+        return racing_writer(&name);
     }
     let url = postgres().create_database();
     let (id, header) = fresh();
@@ -72,13 +69,10 @@ fn of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict
     let mut writers: Vec<_> = ["a", "b"]
         .into_iter()
         .map(|name| {
-            let mut command = helper_command(
-                "of_two_writers_racing_on_one_session_one_wins_and_the_other_gets_the_conflict",
-            );
+            let mut command = rerun_this_test(name);
             command
                 .env(URL_VAR, &url)
                 .env(SESSION_VAR, id.to_string())
-                .env(NAME_VAR, name)
                 .stdin(Stdio::piped());
             let mut helper = Helper::spawn(&mut command);
             let stdin = helper.0.stdin.take().expect("piped stdin");

@@ -308,13 +308,7 @@ proptest! {
 
         let seed_len = cuts[pick.index(cuts.len())];
         let child = SessionId::new();
-        let spec = ForkSpec {
-            child,
-            boundary: Some(seed_len as u64 - 1),
-            time_ms: T0 + 1,
-            delegation_depth: 1,
-            agent_preset: None,
-        };
+        let spec = fork_spec(child, Some(seed_len as u64 - 1), T0 + 1, 1);
         let header = store.fork(parent, &spec).unwrap();
         let digest = digest_of(&log[..seed_len]);
         prop_assert_eq!(header.seed_digest, Some(digest));

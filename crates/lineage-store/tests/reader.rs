@@ -12,10 +12,8 @@ use lineage_log::{Event, SessionId};
 use lineage_store::Store;
 use lineage_testkit::SplitMix64;
 use lineage_testkit::TurnStream;
-use lineage_testkit::process::{Helper, helper_command, report_line};
+use lineage_testkit::process::{Helper, helper_arg, helper_job, report_line, rerun_this_test};
 
-/// Names the store file the reader follows; without it the helper does nothing.
-const STORE_VAR: &str = "LINEAGE_STORE_READER_STORE";
 /// `<session>:<seed>` pairs, comma separated: the sessions the writer fills, each with the
 /// `TurnStream` seed it draws from (starting at seq 0, turn 1).
 const SESSIONS_VAR: &str = "LINEAGE_STORE_READER_SESSIONS";
@@ -27,16 +25,11 @@ const ROUNDS: usize = 160;
 /// Every this many rounds the writer waits until the reader has seen its latest commit.
 const SYNC_EVERY: usize = 16;
 
-/// The reader process. Repeatedly lists and inspects the store through one read-only handle and
+/// The reader process (the test re-run with the store's path as its job). Repeatedly lists and inspects the store through one read-only handle and
 /// prints `seen <session> <len>` whenever a session's length changes, `inconsistent <what>` for
 /// any view that is not a committed prefix of the writer's stream, and `done <passes>` once the
 /// sentinel session appears and a last pass is checked.
-#[test]
-#[ignore = "helper process for the reader test"]
-fn follow_reader_child() {
-    let Ok(path) = std::env::var(STORE_VAR) else {
-        return;
-    };
+fn follow(path: &str) {
     let sessions: Vec<(SessionId, u64)> = std::env::var(SESSIONS_VAR)
         .expect("the parent names the sessions")
         .split(',')
@@ -48,11 +41,8 @@ fn follow_reader_child() {
             )
         })
         .collect();
-    let sentinel: SessionId = std::env::var(SENTINEL_VAR)
-        .expect("the parent names the sentinel")
-        .parse()
-        .expect("a session id");
-    let store = match Store::open_read_only(&path) {
+    let sentinel: SessionId = helper_arg(SENTINEL_VAR);
+    let store = match Store::open_read_only(path) {
         Ok(store) => store,
         Err(e) => {
             report_line(&format!("inconsistent read-only open failed: {e}"));
@@ -148,6 +138,9 @@ fn follow_reader_child() {
 
 #[test]
 fn a_read_only_reader_in_another_process_sees_only_committed_prefixes() {
+    if let Some(path) = helper_job() {
+        return follow(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sessions.lineage");
     let store = Store::open(&path).unwrap();
@@ -161,8 +154,7 @@ fn a_read_only_reader_in_another_process_sees_only_committed_prefixes() {
         .map(|(id, seed)| format!("{id}:{seed}"))
         .collect();
     let mut helper = Helper::spawn(
-        helper_command("follow_reader_child")
-            .env(STORE_VAR, &path)
+        rerun_this_test(&path)
             .env(SESSIONS_VAR, pairs.join(","))
             .env(SENTINEL_VAR, sentinel.to_string()),
     );

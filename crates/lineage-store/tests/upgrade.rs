@@ -18,7 +18,7 @@ use common::*;
 use lineage_log::{
     Event, EventBody, EventKind, ForkSpec, Header, SessionId, SessionMeta, fork_session,
 };
-use lineage_store::{KindStats, Loaded, SessionInfo, Store, StoreError, Upgraded};
+use lineage_store::{KindStats, Loaded, Scan, SessionInfo, Store, StoreError, Upgraded};
 use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{ev, last_turn, realistic_session, running_digests};
 
@@ -70,6 +70,9 @@ impl StoreView {
     }
 }
 
+/// A way to scan a session from a seq: checked or unchecked.
+type ScanFrom = fn(&Store, SessionId, u64) -> lineage_store::Result<Scan>;
+
 /// Reads everything `store` holds through every read of its API, checking that the reads agree
 /// with each other (list and info, inspect, checked and unchecked scans, `read_from`), that each
 /// head is the running digest of the events read, each child's seed digest its parent's running
@@ -114,24 +117,18 @@ fn read_everything(store: &Store) -> StoreView {
             "{id}: scan's closers are inspect's"
         );
         let middle = info.len / 2;
-        let tail: Vec<Event> = store
-            .scan(id, middle)
-            .expect("scan from the middle")
-            .map(|e| e.expect("scan reads"))
-            .collect();
-        assert!(
-            tail == stored[middle as usize..],
-            "{id}: scan from {middle}"
-        );
-        let tail: Vec<Event> = store
-            .scan_unchecked(id, middle)
-            .expect("unchecked scan")
-            .map(|e| e.expect("unchecked scan reads"))
-            .collect();
-        assert!(
-            tail == stored[middle as usize..],
-            "{id}: unchecked scan from {middle}"
-        );
+        let scans: [(&str, ScanFrom); 2] = [
+            ("scan", Store::scan),
+            ("unchecked scan", Store::scan_unchecked),
+        ];
+        for (how, scan) in scans {
+            let scan = scan(store, id, middle).unwrap_or_else(|e| panic!("{id}: {how}: {e}"));
+            let tail: Vec<Event> = scan.map(|e| e.expect("the scan reads")).collect();
+            assert!(
+                tail == stored[middle as usize..],
+                "{id}: {how} from {middle}"
+            );
+        }
         // `read_from` from 0, from a seq inside the log and past its end.
         assert!(store.read_from(id, 0).expect("read_from 0") == stored);
         let late = info.len - info.len / 3;
@@ -317,16 +314,6 @@ fn check_raw_blocks(path: &Path, view: &StoreView, format: u32) {
             "{id}: the blocks hold every event"
         );
     }
-}
-
-/// The names in `dir`, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Fails unless opening the store at `path` for writing is refused as a format-1 store that needs

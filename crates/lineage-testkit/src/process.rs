@@ -1,10 +1,28 @@
-//! Helper processes: a test binary re-runs itself to run one ignored helper test in a process of
-//! its own (a writer to kill, a host to crash, a store to build), and talks to it over stdout.
+//! Helper processes: a test that needs a process of its own (a writer to kill, a host to crash, a
+//! store to build) re-runs itself, by its own exact name, with the environment naming the job,
+//! and in that child takes its helper branch; the two talk over stdout. So no helper test sits
+//! ignored beside the tests that use it, and none passes by doing nothing:
+//!
+//! ```text
+//! #[test]
+//! fn a_killed_writer_loses_nothing() {
+//!     if let Some(path) = helper_job() {
+//!         return write_until_killed(&path);
+//!     }
+//!     let path = a_new_store();
+//!     let flushed = crash_after_report(&mut rerun_this_test(&path), "flushed ");
+//!     // … the store holds everything up to `flushed`.
+//! }
+//! ```
+//!
+//! Tests that share a helper each re-run themselves and call one helper function from their
+//! helper branch.
 //!
 //! The protocol is line-based. The helper prints with [`report_line`]; the parent reads lines and
 //! looks for a marker *inside* each line, because libtest prints `test <name> ... ` before the
 //! helper's first output on the same line.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -14,21 +32,64 @@ use std::time::{Duration, Instant};
 /// bounds a broken helper, never a healthy one (which answers in milliseconds).
 pub const LINE_DEADLINE: Duration = Duration::from_secs(60);
 
-/// This test binary, set to run only the test `helper` (exactly that name, ignored or not, on one
+/// The environment variable that names the job of a test re-run by [`rerun_this_test`].
+const JOB_VAR: &str = "LINEAGE_TEST_HELPER_JOB";
+
+/// The job this process was started for when it is a test re-run by [`rerun_this_test`] (what the
+/// job says, such as the store to write, is the test's to define); `None` in an ordinary run.
+pub fn helper_job() -> Option<String> {
+    std::env::var_os(JOB_VAR).map(|job| {
+        job.into_string()
+            .expect("a helper's job is UTF-8, as rerun_this_test was given it")
+    })
+}
+
+/// What the parent set in the environment variable `var` for this helper, parsed: the details
+/// of a job beyond [`helper_job`]. Panics, failing the helper, when it is unset or does not parse.
+pub fn helper_arg<T: std::str::FromStr>(var: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    let value = std::env::var(var).unwrap_or_else(|e| panic!("the parent sets {var}: {e}"));
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("{var} holds {value:?}, which does not parse: {e:?}"))
+}
+
+/// The calling test re-run alone, as [`helper_command`] runs it, with the environment naming
+/// `job`, which [`helper_job`] returns in the child.
+///
+/// The test is found by the name of the thread calling this: libtest runs each test on a thread
+/// named after it. Panics when called off that thread, or from a helper (a helper that started
+/// helpers would start itself again without end).
+pub fn rerun_this_test(job: impl AsRef<OsStr>) -> Command {
+    assert!(
+        helper_job().is_none(),
+        "a helper process does not start helpers of its own"
+    );
+    let thread = std::thread::current();
+    let test = thread
+        .name()
+        .filter(|name| *name != "main")
+        .expect("rerun_this_test is called on the test's own thread, which libtest names after it");
+    let mut command = helper_command(test);
+    command.env(JOB_VAR, job);
+    command
+}
+
+/// This test binary, set to run only the test `test` (exactly that name, ignored or not, on one
 /// thread, its output not captured), with stdin closed, stdout piped back to the caller and stderr
 /// inherited so a helper's panic shows in the test's output.
 ///
-/// The helper takes its helper branch only when the environment names it a job (the caller sets
-/// that with [`Command::env`]). Best, the helper is the calling test itself, which re-runs itself
-/// and takes that branch in the child, so nothing is left ignored; a helper shared by several
-/// tests must do nothing without the job, as a plain `cargo test -- --include-ignored` runs it too.
-pub fn helper_command(helper: &str) -> Command {
+/// The test takes its helper branch only when the environment names it a job; the caller sets
+/// that with [`Command::env`]. [`rerun_this_test`] does both for the calling test.
+pub fn helper_command(test: &str) -> Command {
     let exe = std::env::current_exe().expect("the test binary knows its path");
     let mut command = Command::new(exe);
     command
         .args([
             "--exact",
-            helper,
+            test,
             "--nocapture",
             "--include-ignored",
             "--test-threads=1",
@@ -55,7 +116,7 @@ pub fn report_line(line: &str) {
 pub struct Helper(pub Child);
 
 impl Helper {
-    /// Starts `command` (usually from [`helper_command`]).
+    /// Starts `command` (usually from [`rerun_this_test`]).
     pub fn spawn(command: &mut Command) -> Helper {
         Helper(command.spawn().expect("the helper process starts"))
     }

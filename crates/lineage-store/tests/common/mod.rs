@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use lineage_log::{Chain, Digest, Event, EventBody, Header, SessionId, TurnNo, encode_record};
+use lineage_log::{
+    Chain, Digest, Event, EventBody, ForkSpec, Header, SessionId, TurnNo, encode_record,
+};
 use lineage_store::{Store, StoreOptions, VerifyReport};
 use lineage_testkit::ev;
 use redb::backends::InMemoryBackend;
@@ -71,6 +73,43 @@ pub fn header(id: SessionId) -> Header {
 pub fn fresh() -> (SessionId, Header) {
     let id = SessionId::new();
     (id, header(id))
+}
+
+/// A fork of a child `child` at `boundary`, made at `time_ms`, `delegation_depth` deep.
+pub fn fork_spec(
+    child: SessionId,
+    boundary: Option<u64>,
+    time_ms: u64,
+    delegation_depth: u32,
+) -> ForkSpec {
+    ForkSpec {
+        child,
+        boundary,
+        time_ms,
+        delegation_depth,
+        agent_preset: None,
+    }
+}
+
+/// The names in `dir`, sorted.
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A store at [`store_location`] in `dir` holding one session of `log`, closed: its location and
+/// the session's header.
+pub fn closed_store_with(dir: &Path, log: &[Event]) -> (std::path::PathBuf, Header) {
+    let path = store_location(dir);
+    let (_, header) = fresh();
+    let store = Store::open(&path).unwrap();
+    store.import(header.clone(), log).unwrap();
+    store.close().unwrap();
+    (path, header)
 }
 
 /// The engine under the stores the helpers make on this thread.
@@ -154,47 +193,20 @@ pub fn small_blocks(events: usize) -> StoreOptions {
 #[macro_export]
 macro_rules! granted_locks {
     () => {
-        fn try_lock_range(
+        $crate::granted_locks!(try_lock_range -> bool = true);
+        $crate::granted_locks!(try_lock_shared_range -> bool = true);
+        $crate::granted_locks!(lock_range -> () = ());
+        $crate::granted_locks!(lock_shared_range -> () = ());
+        $crate::granted_locks!(unlock_range -> () = ());
+        $crate::granted_locks!(query_lock_range -> bool = false);
+    };
+    ($method:ident -> $answer:ty = $value:expr) => {
+        fn $method(
             &self,
             _: std::ops::Bound<u64>,
             _: std::ops::Bound<u64>,
-        ) -> Result<bool, redb::BackendError> {
-            Ok(true)
-        }
-        fn try_lock_shared_range(
-            &self,
-            _: std::ops::Bound<u64>,
-            _: std::ops::Bound<u64>,
-        ) -> Result<bool, redb::BackendError> {
-            Ok(true)
-        }
-        fn lock_range(
-            &self,
-            _: std::ops::Bound<u64>,
-            _: std::ops::Bound<u64>,
-        ) -> Result<(), redb::BackendError> {
-            Ok(())
-        }
-        fn lock_shared_range(
-            &self,
-            _: std::ops::Bound<u64>,
-            _: std::ops::Bound<u64>,
-        ) -> Result<(), redb::BackendError> {
-            Ok(())
-        }
-        fn unlock_range(
-            &self,
-            _: std::ops::Bound<u64>,
-            _: std::ops::Bound<u64>,
-        ) -> Result<(), redb::BackendError> {
-            Ok(())
-        }
-        fn query_lock_range(
-            &self,
-            _: std::ops::Bound<u64>,
-            _: std::ops::Bound<u64>,
-        ) -> Result<bool, redb::BackendError> {
-            Ok(false)
+        ) -> Result<$answer, redb::BackendError> {
+            Ok($value)
         }
     };
 }

@@ -2,18 +2,23 @@
 //! output, exit codes and error sentences, a damaged copy of a store, and a store that another
 //! process keeps appending to while the commands read it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::{fork_spec, run, s};
 use lineage_log::{
-    AbortCause, ApprovalPolicy, DescriptorMode, Digest, Event, EventBody, ForkSpec, Header,
-    InboxSpliced, InboxTarget, Origin, PolicySource, SessionId, SessionLineage, SubagentDescriptor,
-    Text, ToolFilter, TurnEndReason, TurnNo,
+    AbortCause, ApprovalPolicy, DescriptorMode, Digest, Event, EventBody, Header, InboxSpliced,
+    InboxTarget, Origin, PolicySource, SessionId, SessionLineage, SubagentDescriptor, Text,
+    ToolFilter, TurnEndReason, TurnNo,
 };
 use lineage_store::Store;
 use lineage_testkit::ev;
-use lineage_testkit::process::{Helper, helper_command, report_line, wait_for_line};
+use lineage_testkit::process::{
+    Helper, helper_arg, helper_job, report_line, rerun_this_test, wait_for_line,
+};
 use serde_json::Value;
 
 /// Creation time of every session built here: 2025-06-15T15:06:40Z.
@@ -24,94 +29,11 @@ const T0_ISO: &str = "2025-06-15T15:06:40Z";
 // ---------------------------------------------------------------------------------------------
 // Running the binary.
 
-/// What one run of `lineage` did.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// The stdout as one JSON document.
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is JSON ({e}):\n{}", self.stdout))
-    }
-
-    /// Asserts exit 0 and an empty stderr.
-    fn ok(self) -> Run {
-        assert_eq!(
-            self.code, 0,
-            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        assert!(self.stderr.is_empty(), "no stderr: {}", self.stderr);
-        self
-    }
-
-    /// Asserts exit 0 and, as the only stderr line, the note that `path` awaits recovery by its
-    /// next writer.
-    fn noted(self, path: &Path) -> Run {
-        assert_eq!(
-            self.code, 0,
-            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        assert_eq!(
-            self.stderr,
-            format!(
-                "lineage: note: {} awaits recovery by its next writer (a writer stopped without \
-                 closing it); showing its last durable commit\n",
-                path.display()
-            )
-        );
-        self
-    }
-
-    /// Asserts exit `code` and exactly one stderr line `lineage: …` containing `needle`, and no
-    /// sign of a panic.
-    fn fails(self, code: i32, needle: &str) -> Run {
-        assert_eq!(
-            self.code, code,
-            "exit {code} expected\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "one sentence on stderr: {:?}", self.stderr);
-        assert!(
-            lines[0].starts_with("lineage: "),
-            "prefixed: {:?}",
-            lines[0]
-        );
-        assert!(
-            lines[0].contains(needle),
-            "{:?} should contain {needle:?}",
-            lines[0]
-        );
-        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
-        self
-    }
-}
-
 /// The `lineage` binary with `args`.
 fn lineage(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_lineage"));
     command.args(args).stdin(Stdio::null());
     command
-}
-
-/// Runs `lineage args` to completion.
-fn run(args: &[&str]) -> Run {
-    let output = lineage(args).output().expect("the binary runs");
-    Run {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
-    }
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 temp path")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -264,13 +186,7 @@ fn fixture() -> Fixture {
     let forked = store
         .fork_with_setup(
             root,
-            &ForkSpec {
-                child,
-                boundary: None,
-                time_ms: T0 + 60_000,
-                delegation_depth: 1,
-                agent_preset: None,
-            },
+            &fork_spec(child, None, T0 + 60_000, 1),
             vec![
                 EventBody::from(descriptor),
                 ev::sandbox("read-only", PolicySource::Delegation),
@@ -285,16 +201,7 @@ fn fixture() -> Fixture {
 
     let fork = SessionId::new();
     store
-        .fork(
-            root,
-            &ForkSpec {
-                child: fork,
-                boundary: Some(12),
-                time_ms: T0 + 120_000,
-                delegation_depth: 0,
-                agent_preset: None,
-            },
-        )
+        .fork(root, &fork_spec(fork, Some(12), T0 + 120_000, 0))
         .unwrap();
 
     let spawned = SessionId::new();
@@ -763,9 +670,9 @@ fn a_missing_file_is_reported_and_not_created() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.lineage");
     for command in ["ls", "tree", "stats", "verify"] {
-        run(&[command, s(&path)]).fails(3, "no such file");
+        run(&[command, s(&path)]).fails(3, &["no such file"]);
     }
-    run(&["show", s(&path), &SessionId::new().to_string()]).fails(3, "no such file");
+    run(&["show", s(&path), &SessionId::new().to_string()]).fails(3, &["no such file"]);
     assert!(!path.exists(), "the read-only open created nothing");
 }
 
@@ -774,16 +681,16 @@ fn files_that_are_not_lineage_stores_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "these are not sessions\n").unwrap();
-    run(&["ls", s(&text)]).fails(3, "is not a Lineage store");
+    run(&["ls", s(&text)]).fails(3, &["is not a Lineage store"]);
     let empty = dir.path().join("empty.lineage");
     std::fs::write(&empty, "").unwrap();
-    run(&["stats", s(&empty)]).fails(3, "is not a Lineage store");
+    run(&["stats", s(&empty)]).fails(3, &["is not a Lineage store"]);
     assert_eq!(
         std::fs::metadata(&empty).unwrap().len(),
         0,
         "left untouched"
     );
-    run(&["ls", s(dir.path())]).fails(3, "is a directory");
+    run(&["ls", s(dir.path())]).fails(3, &["is a directory"]);
 
     // A redb database, but with someone else's tables.
     let foreign = dir.path().join("foreign.redb");
@@ -796,7 +703,7 @@ fn files_that_are_not_lineage_stores_are_refused() {
         }
         txn.commit().unwrap();
     }
-    run(&["ls", s(&foreign)]).fails(3, "is not a Lineage store");
+    run(&["ls", s(&foreign)]).fails(3, &["is not a Lineage store"]);
 }
 
 #[test]
@@ -820,7 +727,7 @@ fn a_store_in_a_newer_format_is_refused() {
         }
         txn.commit().unwrap();
     }
-    let r = run(&["ls", s(&f.path)]).fails(3, "newer");
+    let r = run(&["ls", s(&f.path)]).fails(3, &["newer"]);
     assert!(r.stderr.contains("upgrade Lineage"), "{}", r.stderr);
 }
 
@@ -888,18 +795,19 @@ fn unknown_sessions_and_bad_usage_exit_2() {
     let f = fixture();
     let stranger = SessionId::new().to_string();
     for command in ["show", "fold", "tail", "export", "verify", "tree"] {
-        run(&[command, s(&f.path), &stranger]).fails(2, &format!("session {stranger} is not in"));
+        run(&[command, s(&f.path), &stranger])
+            .fails(2, &[&format!("session {stranger} is not in")]);
     }
-    run(&["show", s(&f.path), "not-a-session"]).fails(2, "is not a session id");
-    run(&["show", s(&f.path), "ffff"]).fails(2, "no session");
+    run(&["show", s(&f.path), "not-a-session"]).fails(2, &["is not a session id"]);
+    run(&["show", s(&f.path), "ffff"]).fails(2, &["no session"]);
     // Every session here was created within the same second: a short prefix is ambiguous.
-    run(&["show", s(&f.path), &f.root.to_string()[..4]]).fails(2, "give more of the id");
+    run(&["show", s(&f.path), &f.root.to_string()[..4]]).fails(2, &["give more of the id"]);
 
-    run(&[]).fails(2, "no command given");
-    run(&["frobnicate"]).fails(2, "unrecognized subcommand");
-    run(&["show", s(&f.path)]).fails(2, "<SESSION>");
-    run(&["ls", s(&f.path), "--bogus"]).fails(2, "--bogus");
-    run(&["show", s(&f.path), &f.root.to_string(), "--limit", "many"]).fails(2, "--limit");
+    run(&[]).fails(2, &["no command given"]);
+    run(&["frobnicate"]).fails(2, &["unrecognized subcommand"]);
+    run(&["show", s(&f.path)]).fails(2, &["<SESSION>"]);
+    run(&["ls", s(&f.path), "--bogus"]).fails(2, &["--bogus"]);
+    run(&["show", s(&f.path), &f.root.to_string(), "--limit", "many"]).fails(2, &["--limit"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -968,34 +876,25 @@ fn verify_names_the_session_and_seqs_of_a_damaged_copy() {
 
     // Reads that check digests refuse the damaged session in one sentence; the others still read.
     let sentence = format!("corrupt block in session {victim}, seqs 6..=11");
-    run(&["show", s(&copy), &victim.to_string()]).fails(1, &sentence);
-    run(&["fold", s(&copy), &victim.to_string()]).fails(1, &sentence);
-    run(&["export", s(&copy), &victim.to_string()]).fails(1, &sentence);
+    run(&["show", s(&copy), &victim.to_string()]).fails(1, &[&sentence]);
+    run(&["fold", s(&copy), &victim.to_string()]).fails(1, &[&sentence]);
+    run(&["export", s(&copy), &victim.to_string()]).fails(1, &[&sentence]);
     run(&["fold", s(&copy), &f.child.to_string()]).ok();
 }
 
 // ---------------------------------------------------------------------------------------------
 // A live writer in another process.
 
-/// Names the store the writer helper appends to; without it the helper does nothing.
-const WRITER_STORE_VAR: &str = "LINEAGE_CLI_TEST_WRITER_STORE";
-/// The session the writer helper fills.
+/// The session the live writer fills.
 const WRITER_SESSION_VAR: &str = "LINEAGE_CLI_TEST_WRITER_SESSION";
 
-/// The writer process: opens the store for writing, appends a turn, says `ready <len>`, then keeps
-/// appending a turn every few milliseconds and saying `appended <len>`, until it is killed (or,
-/// as a backstop, after a minute).
-#[test]
-#[ignore = "helper process for the live-writer test"]
-fn live_writer_child() {
-    let Ok(path) = std::env::var(WRITER_STORE_VAR) else {
-        return;
-    };
-    let session: SessionId = std::env::var(WRITER_SESSION_VAR)
-        .expect("the parent names the session")
-        .parse()
-        .expect("a session id");
-    let store = Store::open(&path).expect("the writer opens the store");
+/// The live writer (the live-writer test re-run with the store's path as its job): opens the
+/// store for writing, appends a turn, says `ready <len>`, then keeps appending a turn every few
+/// milliseconds and saying `appended <len>`, until it is killed (or, as a backstop, after a
+/// minute).
+fn write_live(path: &str) {
+    let session: SessionId = helper_arg(WRITER_SESSION_VAR);
+    let store = Store::open(path).expect("the writer opens the store");
     let mut len = 0u64;
     let mut turn: TurnNo = 1;
     let first = simple_turn(turn, len, "live turn 1");
@@ -1013,27 +912,13 @@ fn live_writer_child() {
     }
 }
 
-/// The idle writer process: opens the store for writing, says `opened`, and writes nothing until
-/// it is killed (or, as a backstop, after a minute).
-#[test]
-#[ignore = "helper process for the killed-writer test"]
-fn idle_writer_child() {
-    let Ok(path) = std::env::var(WRITER_STORE_VAR) else {
-        return;
-    };
-    let _store = Store::open(&path).expect("the writer opens the store");
+/// The idle writer (the killed-writer test re-run with the store's path as its job): opens the
+/// store for writing, says `opened`, and writes nothing until it is killed (or, as a backstop,
+/// after a minute).
+fn hold_idle(path: &str) {
+    let _store = Store::open(path).expect("the writer opens the store");
     report_line("opened");
     std::thread::sleep(Duration::from_secs(60));
-}
-
-/// Starts the helper test `name` in a process of its own, writing to the store at `path`.
-fn helper(name: &str, path: &Path, session: Option<SessionId>) -> Helper {
-    let mut command = helper_command(name);
-    command.env(WRITER_STORE_VAR, path);
-    if let Some(session) = session {
-        command.env(WRITER_SESSION_VAR, session.to_string());
-    }
-    Helper::spawn(&mut command)
 }
 
 /// The length in a writer line `ready <len>` or `appended <len>`. The test harness may print its
@@ -1047,10 +932,14 @@ fn written(line: &str) -> Option<u64> {
 
 #[test]
 fn commands_read_a_store_while_another_process_appends_to_it() {
+    if let Some(path) = helper_job() {
+        return write_live(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("live.lineage");
     let session = SessionId::new();
-    let mut writer = helper("live_writer_child", &path, Some(session));
+    let mut writer =
+        Helper::spawn(rerun_this_test(&path).env(WRITER_SESSION_VAR, session.to_string()));
     let writes = writer.lines();
     wait_for_line(&writes, |l| l.contains("ready ").then_some(()));
     let id = session.to_string();
@@ -1152,6 +1041,9 @@ fn commands_read_a_store_while_another_process_appends_to_it() {
 
 #[test]
 fn commands_read_a_store_whose_writer_was_killed_right_after_opening_it() {
+    if let Some(path) = helper_job() {
+        return hold_idle(&path);
+    }
     let f = fixture();
     let p = s(&f.path);
     let root = f.root.to_string();
@@ -1174,7 +1066,7 @@ fn commands_read_a_store_whose_writer_was_killed_right_after_opening_it() {
     .collect();
 
     // A writer opens the store, writes nothing, and is killed.
-    let mut writer = helper("idle_writer_child", &f.path, None);
+    let mut writer = Helper::spawn(&mut rerun_this_test(&f.path));
     let said = writer.lines();
     wait_for_line(&said, |l| l.contains("opened").then_some(()));
     drop(writer);

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run, run_with_stdin, s};
+use common::{fork_spec, run, run_with_stdin, s};
 use lineage_log::{
     ApprovalPolicy, Custom, DescriptorMode, EventBody, ForkSpec, Header, Opaque, PolicySource,
     SessionId, SubagentDescriptor,
@@ -66,11 +66,8 @@ fn store(dir: &Path) -> (PathBuf, Vec<SessionId>) {
         .fork_with_setup(
             root,
             &ForkSpec {
-                child,
-                boundary: None,
-                time_ms: T0 + 60_000,
-                delegation_depth: 1,
                 agent_preset: Some("reviewer".into()),
+                ..fork_spec(child, None, T0 + 60_000, 1)
             },
             vec![
                 EventBody::from(SubagentDescriptor {

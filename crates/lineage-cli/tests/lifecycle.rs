@@ -6,11 +6,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run, s};
-use lineage_log::{Event, ForkSpec, Header, SessionId};
+use common::{fork_spec, run, s};
+use lineage_log::{Event, Header, SessionId};
 use lineage_store::Store;
 use lineage_testkit::ev;
-use lineage_testkit::process::{Helper, after_marker, helper_command, report_line, wait_for_line};
+use lineage_testkit::process::{
+    Helper, after_marker, helper_job, report_line, rerun_this_test, wait_for_line,
+};
 use serde_json::Value;
 
 /// Creation time of every session built here: 2025-06-15T15:06:40Z.
@@ -52,13 +54,7 @@ fn fork(store: &Store, parent: SessionId, time_ms: i64) -> SessionId {
     store
         .fork(
             parent,
-            &ForkSpec {
-                child,
-                boundary: None,
-                time_ms: u64::try_from(time_ms).unwrap(),
-                delegation_depth: 0,
-                agent_preset: None,
-            },
+            &fork_spec(child, None, u64::try_from(time_ms).unwrap(), 0),
         )
         .unwrap();
     child
@@ -321,11 +317,8 @@ fn prune_deletes_root_trees_by_last_activity_or_count_and_verifies() {
     verify_clean(&path, 2);
 }
 
-/// Names the store the holder holds; it makes the held-store test's re-run the holder.
-const HOLDER_STORE_VAR: &str = "LINEAGE_CLI_LIFECYCLE_HOLDER";
-
-/// The holder (this test re-run with [`HOLDER_STORE_VAR`] set): opens the store for writing,
-/// says `holding`, and waits to be killed.
+/// The holder (the held-store test re-run with the store's path as its job): opens the store
+/// for writing, says `holding`, and waits to be killed.
 fn hold(path: &str) {
     let _store = Store::open(path).expect("the holder opens the store");
     report_line("holding");
@@ -334,7 +327,7 @@ fn hold(path: &str) {
 
 #[test]
 fn a_store_a_host_holds_for_writing_is_refused_by_the_writing_commands() {
-    if let Ok(path) = std::env::var(HOLDER_STORE_VAR) {
+    if let Some(path) = helper_job() {
         return hold(&path);
     }
     let (_dir, path) = temp_store();
@@ -342,10 +335,7 @@ fn a_store_a_host_holds_for_writing_is_refused_by_the_writing_commands() {
     let a = root(&store, T0);
     store.close().unwrap();
     let p = s(&path);
-    let mut command =
-        helper_command("a_store_a_host_holds_for_writing_is_refused_by_the_writing_commands");
-    command.env(HOLDER_STORE_VAR, &path);
-    let mut holder = Helper::spawn(&mut command);
+    let mut holder = Helper::spawn(&mut rerun_this_test(&path));
     let lines = holder.lines();
     wait_for_line(&lines, |l| after_marker(l, "holding").map(drop));
 

@@ -6,8 +6,8 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{run, s};
-use lineage_log::{Event, ForkSpec, Header, SessionId};
+use common::{fork_spec, run, s};
+use lineage_log::{Event, Header, SessionId};
 use lineage_store::Store;
 use lineage_testkit::ev;
 use lineage_testkit::postgres::postgres;
@@ -33,13 +33,7 @@ fn two_sessions(location: &Path) -> (SessionId, SessionId) {
     log.extend(turn(2, log.len() as u64));
     store.import(header, &log).unwrap();
     let child = SessionId::new();
-    let spec = ForkSpec {
-        child,
-        boundary: None,
-        time_ms: T0 as u64 + 60_000,
-        delegation_depth: 1,
-        agent_preset: None,
-    };
+    let spec = fork_spec(child, None, T0 as u64 + 60_000, 1);
     store.fork(root, &spec).unwrap();
     store.close().unwrap();
     (root, child)

@@ -1,7 +1,7 @@
 //! Output streams: `lineage show --json` on a large session writes as it reads, in bounded memory,
 //! and stops quietly as soon as its reader closes the pipe, as `export` does.
 //!
-//! This process stays small (the stores are built by a helper process): a child's peak memory
+//! This process stays small (each test re-runs itself to build its store): a child's peak memory
 //! as `wait4` reports it includes the peak of the process that started it.
 
 use std::io::{BufRead, BufReader, Read};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lineage_log::{Header, SessionId};
 use lineage_store::Store;
-use lineage_testkit::process::helper_command;
+use lineage_testkit::process::{helper_arg, helper_job, rerun_this_test};
 use lineage_testkit::realistic_session;
 
 /// Events in the large session.
@@ -31,6 +31,17 @@ fn s(path: &Path) -> &str {
 struct Ended {
     status: libc::c_int,
     max_rss_kib: i64,
+}
+
+impl Ended {
+    /// Checks that the peak memory stayed under [`PEAK_BOUND_KIB`].
+    fn assert_small(&self) {
+        assert!(
+            self.max_rss_kib < PEAK_BOUND_KIB,
+            "peak memory {} KiB, bound {PEAK_BOUND_KIB} KiB",
+            self.max_rss_kib
+        );
+    }
 }
 
 /// Waits for `child` with `wait4`, for its peak memory; kills it if it has not ended within a
@@ -63,26 +74,17 @@ fn wait_with_usage(child: Child) -> Ended {
     }
 }
 
-/// Names the store file the store-building helper writes; without it the helper does nothing.
-const BUILD_STORE_VAR: &str = "LINEAGE_CLI_TEST_BUILD_STORE";
-/// How many events the helper's session holds.
+/// How many events the store-building helper's session holds.
 const BUILD_EVENTS_VAR: &str = "LINEAGE_CLI_TEST_BUILD_EVENTS";
 
-/// The store-building process: writes one realistic session of the asked length and prints its
-/// id. It runs apart so that this process never holds a large log: a child's peak memory
-/// (`ru_maxrss`) counts the peak of the process that started it.
-#[test]
-#[ignore = "helper process for the streaming tests"]
-fn build_store_child() {
-    let Ok(path) = std::env::var(BUILD_STORE_VAR) else {
-        return;
-    };
-    let events: usize = std::env::var(BUILD_EVENTS_VAR)
-        .expect("the parent names the length")
-        .parse()
-        .expect("a number");
+/// The store-building helper (each test re-run with the store's path as its job): writes one
+/// realistic session of the asked length to a new store at `path` and prints its id. It runs
+/// apart so that this process never holds a large log: a child's peak memory (`ru_maxrss`)
+/// counts the peak of the process that started it.
+fn build_store(path: &str) {
+    let events: usize = helper_arg(BUILD_EVENTS_VAR);
     let id = SessionId::new();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(path).unwrap();
     store
         .import(
             Header::new(id, 1_750_000_000_000),
@@ -93,11 +95,11 @@ fn build_store_child() {
     println!("built {id}");
 }
 
-/// A store holding one realistic session of `events` events, built by another process.
+/// A store holding one realistic session of `events` events, built by the calling test re-run
+/// as the store-building helper.
 fn store_with_session(dir: &Path, events: usize) -> (std::path::PathBuf, SessionId) {
     let path = dir.join("large.lineage");
-    let output = helper_command("build_store_child")
-        .env(BUILD_STORE_VAR, &path)
+    let output = rerun_this_test(&path)
         .env(BUILD_EVENTS_VAR, events.to_string())
         .output()
         .expect("the builder process runs");
@@ -111,17 +113,25 @@ fn store_with_session(dir: &Path, events: usize) -> (std::path::PathBuf, Session
     (path, id)
 }
 
-#[test]
-fn show_json_on_a_large_session_stops_quietly_when_its_pipe_closes_and_stays_small() {
-    let dir = tempfile::tempdir().unwrap();
-    let (path, id) = store_with_session(dir.path(), LARGE);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(["show", s(&path), &id.to_string(), "--json"])
+/// `lineage show <path> <id> --json`, started with its stdout piped.
+fn show_json(path: &Path, id: SessionId, stderr: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_lineage"))
+        .args(["show", s(path), &id.to_string(), "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
-        .expect("the binary runs");
+        .expect("the binary runs")
+}
+
+#[test]
+fn show_json_on_a_large_session_stops_quietly_when_its_pipe_closes_and_stays_small() {
+    if let Some(path) = helper_job() {
+        return build_store(&path);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (path, id) = store_with_session(dir.path(), LARGE);
+    let mut child = show_json(&path, id, Stdio::piped());
     let mut stderr = child.stderr.take().expect("piped stderr");
     {
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
@@ -156,24 +166,17 @@ fn show_json_on_a_large_session_stops_quietly_when_its_pipe_closes_and_stays_sma
         "a closed pipe is a quiet success; stderr: {said}"
     );
     assert_eq!(said, "", "nothing said about the closed pipe");
-    assert!(
-        ended.max_rss_kib < PEAK_BOUND_KIB,
-        "peak memory {} KiB, bound {PEAK_BOUND_KIB} KiB",
-        ended.max_rss_kib
-    );
+    ended.assert_small();
 }
 
 #[test]
 fn show_json_reads_a_large_session_whole_in_bounded_memory() {
+    if let Some(path) = helper_job() {
+        return build_store(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (path, id) = store_with_session(dir.path(), LARGE);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lineage"))
-        .args(["show", s(&path), &id.to_string(), "--json"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the binary runs");
+    let mut child = show_json(&path, id, Stdio::null());
     // Counted as it arrives, so this process holds none of it.
     let mut stdout = child.stdout.take().expect("piped stdout");
     let counter = std::thread::spawn(move || {
@@ -202,15 +205,14 @@ fn show_json_reads_a_large_session_whole_in_bounded_memory() {
         bytes > 40 * 1024 * 1024,
         "the JSON is far larger than the bound: {bytes} bytes"
     );
-    assert!(
-        ended.max_rss_kib < PEAK_BOUND_KIB,
-        "peak memory {} KiB, bound {PEAK_BOUND_KIB} KiB",
-        ended.max_rss_kib
-    );
+    ended.assert_small();
 }
 
 #[test]
 fn export_stops_quietly_when_its_output_is_gone() {
+    if let Some(path) = helper_job() {
+        return build_store(&path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let (path, id) = store_with_session(dir.path(), 5_000);
     let mut child = Command::new(env!("CARGO_BIN_EXE_lineage"))

@@ -1,11 +1,12 @@
-//! Running the `lineage` binary as a process, for the suites of the commands that write a store.
-//! Each suite uses what it needs of it.
+//! Running the `lineage` binary as a process and checking how it ended, for the suites of the
+//! commands. Each suite uses what it needs of it.
 #![allow(dead_code)]
 
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use lineage_log::{ForkSpec, SessionId};
 use serde_json::Value;
 
 /// What one run of `lineage` did.
@@ -30,6 +31,25 @@ impl Run {
             self.stdout, self.stderr
         );
         assert!(self.stderr.is_empty(), "no stderr: {}", self.stderr);
+        self
+    }
+
+    /// Asserts exit 0 and, as the only stderr line, the note that `path` awaits recovery by its
+    /// next writer.
+    pub fn noted(self, path: &Path) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "exit 0 expected\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        assert_eq!(
+            self.stderr,
+            format!(
+                "lineage: note: {} awaits recovery by its next writer (a writer stopped without \
+                 closing it); showing its last durable commit\n",
+                path.display()
+            )
+        );
         self
     }
 
@@ -84,6 +104,22 @@ pub fn run_with_stdin(args: &[&str], stdin: Option<&str>) -> Run {
 /// Runs `lineage args` with stdin closed.
 pub fn run(args: &[&str]) -> Run {
     run_with_stdin(args, None)
+}
+
+/// A fork of a child `child` at `boundary`, made at `time_ms`, `delegation_depth` deep.
+pub fn fork_spec(
+    child: SessionId,
+    boundary: Option<u64>,
+    time_ms: u64,
+    delegation_depth: u32,
+) -> ForkSpec {
+    ForkSpec {
+        child,
+        boundary,
+        time_ms,
+        delegation_depth,
+        agent_preset: None,
+    }
 }
 
 /// `path` as an argument.

@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{fork_spec, run, s};
+use common::{run, s};
 use lineage_log::{
     AbortCause, ApprovalPolicy, DescriptorMode, Digest, Event, EventBody, Header, InboxSpliced,
     InboxTarget, Origin, PolicySource, SessionId, SessionLineage, SubagentDescriptor, Text,
     ToolFilter, TurnEndReason, TurnNo,
 };
 use lineage_store::Store;
-use lineage_testkit::ev;
+use lineage_testkit::ev::{self, fork_spec};
 use lineage_testkit::process::{
     Helper, helper_arg, helper_job, report_line, rerun_this_test, wait_for_line,
 };

@@ -7,13 +7,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fork_spec, run, run_with_stdin, s};
+use common::{run, run_with_stdin, s};
 use lineage_log::{
     ApprovalPolicy, Custom, DescriptorMode, EventBody, ForkSpec, Header, Opaque, PolicySource,
     SessionId, SubagentDescriptor,
 };
 use lineage_store::Store;
-use lineage_testkit::ev;
+use lineage_testkit::ev::{self, fork_spec};
 use serde_json::Value;
 
 /// Creation time of every session built here.

@@ -6,10 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{fork_spec, run, s};
+use common::{run, s};
 use lineage_log::{Event, Header, SessionId};
 use lineage_store::Store;
-use lineage_testkit::ev;
+use lineage_testkit::ev::{self, fork_spec};
 use lineage_testkit::process::{
     Helper, after_marker, helper_job, report_line, rerun_this_test, wait_for_line,
 };

@@ -6,10 +6,10 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{fork_spec, run, s};
+use common::{run, s};
 use lineage_log::{Event, Header, SessionId};
 use lineage_store::Store;
-use lineage_testkit::ev;
+use lineage_testkit::ev::{self, fork_spec};
 use lineage_testkit::postgres::postgres;
 
 const T0: i64 = 1_750_000_000_000;

@@ -15,6 +15,7 @@ use lineage_log::{
 use lineage_store::{
     KindStats, Problem, STORE_FORMAT_VERSION, SessionInfo, Store, StoreError, StoreOptions,
 };
+use lineage_testkit::ev::fork_spec;
 use lineage_testkit::{SplitMix64, balanced_cuts, ev, realistic_session};
 use lineage_testkit::{TurnStream, last_turn};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};

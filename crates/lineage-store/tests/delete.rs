@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use lineage_log::{Digest, Event, ForkSpec, Header, Origin, SessionId, SessionLineage};
 use lineage_store::{DeleteRule, Store, StoreError};
+use lineage_testkit::ev::fork_spec;
 use lineage_testkit::process::{
     Helper, after_marker, helper_job, report_line, rerun_this_test, wait_for_line,
 };

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use lineage_log::{Event, ForkSpec, LogError, SessionId, SessionLineage, fork_session};
 use lineage_store::StoreError;
+use lineage_testkit::ev::fork_spec;
 
 fn spec(child: SessionId, boundary: Option<u64>) -> ForkSpec {
     fork_spec(child, boundary, T0 + 9_000, 1)

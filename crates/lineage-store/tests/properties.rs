@@ -10,6 +10,7 @@ use lineage_log::{
     interrupted_turn_closers, last_turn_marker,
 };
 use lineage_store::{Store, StoreError, StoreOptions};
+use lineage_testkit::ev::fork_spec;
 use lineage_testkit::{arb_partition, arb_valid_log, balanced_cuts, ev, split_batches};
 use proptest::collection::vec;
 use proptest::prelude::*;

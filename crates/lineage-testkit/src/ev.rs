@@ -5,9 +5,9 @@
 //! one tool-result block whose call id matches the tool source.
 
 use lineage_log::{
-    ApprovalPolicy, CallId, ContentBlock, Event, EventBody, Message, MessageId, MessageSource,
-    PolicySource, Role, SandboxMode, StepEnd, StepNo, StepStart, StreamChunk, Text, ToolCall,
-    ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo, TurnStart,
+    ApprovalPolicy, CallId, ContentBlock, Event, EventBody, ForkSpec, Message, MessageId,
+    MessageSource, PolicySource, Role, SandboxMode, SessionId, StepEnd, StepNo, StepStart,
+    StreamChunk, Text, ToolCall, ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo, TurnStart,
 };
 
 /// The time of the first event of [`log`].
@@ -20,6 +20,23 @@ pub fn log(bodies: impl IntoIterator<Item = EventBody>) -> Vec<Event> {
         .enumerate()
         .map(|(i, body)| Event::new(i as u64, START_MS + 10 * i as i64, body))
         .collect()
+}
+
+/// A fork of a child `child` at `boundary`, made at `time_ms`, `delegation_depth` deep, with no
+/// agent preset.
+pub fn fork_spec(
+    child: SessionId,
+    boundary: Option<u64>,
+    time_ms: u64,
+    delegation_depth: u32,
+) -> ForkSpec {
+    ForkSpec {
+        child,
+        boundary,
+        time_ms,
+        delegation_depth,
+        agent_preset: None,
+    }
 }
 
 /// `bodies` as consecutive events from `first_seq`: the event at seq `n` has time

@@ -6,7 +6,6 @@ use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use lineage_log::{ForkSpec, SessionId};
 use serde_json::Value;
 
 /// What one run of `lineage` did.
@@ -104,22 +103,6 @@ pub fn run_with_stdin(args: &[&str], stdin: Option<&str>) -> Run {
 /// Runs `lineage args` with stdin closed.
 pub fn run(args: &[&str]) -> Run {
     run_with_stdin(args, None)
-}
-
-/// A fork of a child `child` at `boundary`, made at `time_ms`, `delegation_depth` deep.
-pub fn fork_spec(
-    child: SessionId,
-    boundary: Option<u64>,
-    time_ms: u64,
-    delegation_depth: u32,
-) -> ForkSpec {
-    ForkSpec {
-        child,
-        boundary,
-        time_ms,
-        delegation_depth,
-        agent_preset: None,
-    }
 }
 
 /// `path` as an argument.

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use lineage_log::{
-    Chain, Digest, Event, EventBody, ForkSpec, Header, SessionId, TurnNo, encode_record,
-};
+use lineage_log::{Chain, Digest, Event, EventBody, Header, SessionId, TurnNo, encode_record};
 use lineage_store::{Store, StoreOptions, VerifyReport};
 use lineage_testkit::ev;
 use redb::backends::InMemoryBackend;
@@ -73,22 +71,6 @@ pub fn header(id: SessionId) -> Header {
 pub fn fresh() -> (SessionId, Header) {
     let id = SessionId::new();
     (id, header(id))
-}
-
-/// A fork of a child `child` at `boundary`, made at `time_ms`, `delegation_depth` deep.
-pub fn fork_spec(
-    child: SessionId,
-    boundary: Option<u64>,
-    time_ms: u64,
-    delegation_depth: u32,
-) -> ForkSpec {
-    ForkSpec {
-        child,
-        boundary,
-        time_ms,
-        delegation_depth,
-        agent_preset: None,
-    }
 }
 
 /// The names in `dir`, sorted.

@@ -18,8 +18,8 @@ use lineage::agent::{
     AgentSpec, ChunkStream, CreateAgent, Model, ModelRequest, Response, ScriptedModel,
 };
 use lineage::log::{ContentBlock, Message, MessageSource, Role, SessionId, TurnEndReason};
-use lineage::subagent::tools::{BackgroundMode, SubagentToolConfig};
-use lineage::subagent::{ChildOptions, Host, SpawnProvider};
+use lineage::subagent::tools::SubagentToolConfig;
+use lineage::subagent::{Host, SpawnProvider};
 
 const LEAD: &str = "lead";
 const WORKER: &str = "worker";
@@ -77,14 +77,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
 /// The lead: a `subagent` tool that starts continuable children on the `worker` model, and the
 /// tools that talk to them (`send_message`, `interrupt_agent`, `list_agents`).
 fn lead_spec(host: &Host) -> AgentSpec {
-    let delegate = SubagentToolConfig {
-        background: BackgroundMode::Continuable,
-        agent_options: ChildOptions {
-            model: Some(WORKER.into()),
-            ..ChildOptions::default()
-        },
-        ..SubagentToolConfig::new(SpawnProvider::NAME)
-    };
+    let delegate = SubagentToolConfig::new(SpawnProvider::NAME)
+        .continuable()
+        .child_model(WORKER);
     AgentSpec {
         tools: host.delegation_tools(vec![delegate]),
         ..AgentSpec::new("story", LEAD)

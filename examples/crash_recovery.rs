@@ -20,8 +20,8 @@ use lineage::agent::{
     AgentSpec, AgentStatus, ChunkStream, CreateAgent, Model, ModelRequest, Response, ScriptedModel,
 };
 use lineage::log::{ContentBlock, Message, MessageSource, Role, SessionId, model_history};
-use lineage::subagent::tools::{BackgroundMode, SubagentToolConfig};
-use lineage::subagent::{ChildOptions, Host, SpawnProvider};
+use lineage::subagent::tools::SubagentToolConfig;
+use lineage::subagent::{Host, SpawnProvider};
 use tokio::sync::Notify;
 
 const LEAD: &str = "lead";
@@ -108,14 +108,9 @@ async fn host_to_kill(path: &Path) -> Result<(), Box<dyn Error>> {
 }
 
 fn lead_spec(host: &Host) -> AgentSpec {
-    let delegate = SubagentToolConfig {
-        background: BackgroundMode::Continuable,
-        agent_options: ChildOptions {
-            model: Some(WORKER.into()),
-            ..ChildOptions::default()
-        },
-        ..SubagentToolConfig::new(SpawnProvider::NAME)
-    };
+    let delegate = SubagentToolConfig::new(SpawnProvider::NAME)
+        .continuable()
+        .child_model(WORKER);
     AgentSpec {
         tools: host.delegation_tools(vec![delegate]),
         ..AgentSpec::new("story", LEAD)

@@ -96,8 +96,8 @@
 //!
 //! use lineage::agent::{AgentSpec, CreateAgent};
 //! use lineage::log::model_history;
-//! use lineage::subagent::tools::{BackgroundMode, SubagentToolConfig};
-//! use lineage::subagent::{ChildOptions, Host, SpawnProvider};
+//! use lineage::subagent::tools::SubagentToolConfig;
+//! use lineage::subagent::{Host, SpawnProvider};
 //! # use lineage::agent::{ChunkStream, Model, ModelRequest, Response, ScriptedModel};
 //! # use lineage::log::{MessageSource, Role};
 //! #
@@ -133,11 +133,7 @@
 //! # }
 //!
 //! fn lead_spec(host: &Host) -> AgentSpec {
-//!     let delegate = SubagentToolConfig {
-//!         background: BackgroundMode::Continuable,
-//!         agent_options: ChildOptions { model: Some("worker".into()), ..ChildOptions::default() },
-//!         ..SubagentToolConfig::new(SpawnProvider::NAME)
-//!     };
+//!     let delegate = SubagentToolConfig::new(SpawnProvider::NAME).continuable().child_model("worker");
 //!     AgentSpec {
 //!         tools: host.delegation_tools(vec![delegate]), // subagent, send_message, ...
 //!         ..AgentSpec::new("story", "lead")

@@ -22,8 +22,8 @@ use lineage_agent::{
 use lineage_log::{
     ContentBlock, EventBody, Message, MessageSource, Role, SessionId, fold_descriptor,
 };
-use lineage_subagent::tools::{BackgroundMode, SubagentToolConfig};
-use lineage_subagent::{ChildOptions, ForkProvider, Lifecycle, SpawnProvider};
+use lineage_subagent::tools::SubagentToolConfig;
+use lineage_subagent::{ForkProvider, Lifecycle, SpawnProvider};
 use tokio::sync::mpsc;
 
 use crate::cli::{DemoArgs, Output, TreeArgs, VerifyArgs};
@@ -211,21 +211,12 @@ impl DemoHost {
     /// The lead's tools: background delegation to `spawn`, a foreground `review` through `fork`,
     /// and the controls.
     fn lead_spec(&self) -> AgentSpec {
-        let delegate = SubagentToolConfig {
-            background: BackgroundMode::Continuable,
-            agent_options: ChildOptions {
-                model: Some(WORKER.into()),
-                ..ChildOptions::default()
-            },
-            ..SubagentToolConfig::new(SpawnProvider::NAME)
-        };
+        let delegate = SubagentToolConfig::new(SpawnProvider::NAME)
+            .continuable()
+            .child_model(WORKER);
         let review = SubagentToolConfig {
             tool_name: "review".into(),
-            agent_options: ChildOptions {
-                model: Some(REVIEWER.into()),
-                ..ChildOptions::default()
-            },
-            ..SubagentToolConfig::new(ForkProvider::NAME)
+            ..SubagentToolConfig::new(ForkProvider::NAME).child_model(REVIEWER)
         };
         let tools = self.host.delegation_tools(vec![delegate, review]);
         AgentSpec {

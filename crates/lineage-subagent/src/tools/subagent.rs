@@ -81,6 +81,20 @@ impl SubagentToolConfig {
         }
     }
 
+    /// This row with continuable children ([`BackgroundMode::Continuable`]).
+    pub fn continuable(self) -> Self {
+        SubagentToolConfig {
+            background: BackgroundMode::Continuable,
+            ..self
+        }
+    }
+
+    /// This row with its children on `model` (the other child options unchanged).
+    pub fn child_model(mut self, model: impl Into<Text>) -> Self {
+        self.agent_options.model = Some(model.into());
+        self
+    }
+
     /// The row of an out-of-process provider's agent: a one-shot tool named `tool_name`
     /// delegating to `provider`, its depth left to the provider ([`MaxDepth::ProviderManaged`]),
     /// described to the model as `description`.

@@ -11,11 +11,11 @@ use std::time::Duration;
 use common::{run, s};
 use lineage_log::{
     AbortCause, ApprovalPolicy, DescriptorMode, Digest, Event, EventBody, Header, InboxSpliced,
-    InboxTarget, Origin, PolicySource, SessionId, SessionLineage, SubagentDescriptor, Text,
-    ToolFilter, TurnEndReason, TurnNo,
+    InboxTarget, PolicySource, SessionId, SubagentDescriptor, Text, ToolFilter, TurnEndReason,
+    TurnNo,
 };
 use lineage_store::Store;
-use lineage_testkit::ev::{self, fork_spec};
+use lineage_testkit::ev::{self, fork_spec, spawned_child};
 use lineage_testkit::process::{
     Helper, helper_arg, helper_job, report_line, rerun_this_test, wait_for_line,
 };
@@ -205,24 +205,11 @@ fn fixture() -> Fixture {
         .unwrap();
 
     let spawned = SessionId::new();
-    let spawned_header = Header {
-        parent: Some(root),
-        seed_len: 0,
-        seed_digest: Some(Digest::of_empty()),
-        delegation_depth: 1,
-        origin: Some(Origin::Subagent),
-        ..header(spawned)
-    };
+    let (spawned_header, lineage) = spawned_child(header(spawned), root);
     let mut spawned_log = numbered(
         0,
         vec![
-            SessionLineage {
-                parent: root,
-                seed_len: 0,
-                seed_digest: Digest::of_empty(),
-                delegation_depth: 1,
-            }
-            .into(),
+            lineage,
             SubagentDescriptor {
                 label: Some("scout".into()),
                 ..SubagentDescriptor::new(DescriptorMode::OneShot, "spawn")

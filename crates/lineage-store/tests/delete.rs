@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use lineage_log::{Digest, Event, ForkSpec, Header, Origin, SessionId, SessionLineage};
+use lineage_log::{Event, ForkSpec, SessionId};
 use lineage_store::{DeleteRule, Store, StoreError};
-use lineage_testkit::ev::fork_spec;
+use lineage_testkit::ev::{fork_spec, spawned_child};
 use lineage_testkit::process::{
     Helper, after_marker, helper_job, report_line, rerun_this_test, wait_for_line,
 };
@@ -58,24 +58,11 @@ fn tree() -> Tree {
     let grandchild = SessionId::new();
     store.fork(child, &spec(grandchild, Some(11))).unwrap();
     let spawned = SessionId::new();
-    let spawned_header = Header {
-        parent: Some(root),
-        seed_len: 0,
-        seed_digest: Some(Digest::of_empty()),
-        delegation_depth: 1,
-        origin: Some(Origin::Subagent),
-        ..header(spawned)
-    };
+    let (spawned_header, lineage) = spawned_child(header(spawned), root);
     let mut spawned_log = events_from(
         0,
         vec![
-            SessionLineage {
-                parent: root,
-                seed_len: 0,
-                seed_digest: Digest::of_empty(),
-                delegation_depth: 1,
-            }
-            .into(),
+            lineage,
             lineage_log::SubagentDescriptor::new(lineage_log::DescriptorMode::OneShot, "spawn")
                 .into(),
         ],

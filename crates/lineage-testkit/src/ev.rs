@@ -5,9 +5,10 @@
 //! one tool-result block whose call id matches the tool source.
 
 use lineage_log::{
-    ApprovalPolicy, CallId, ContentBlock, Event, EventBody, ForkSpec, Message, MessageId,
-    MessageSource, PolicySource, Role, SandboxMode, SessionId, StepEnd, StepNo, StepStart,
-    StreamChunk, Text, ToolCall, ToolError, ToolResult, TurnEnd, TurnEndReason, TurnNo, TurnStart,
+    ApprovalPolicy, CallId, ContentBlock, Digest, Event, EventBody, ForkSpec, Header, Message,
+    MessageId, MessageSource, Origin, PolicySource, Role, SandboxMode, SessionId, SessionLineage,
+    StepEnd, StepNo, StepStart, StreamChunk, Text, ToolCall, ToolError, ToolResult, TurnEnd,
+    TurnEndReason, TurnNo, TurnStart,
 };
 
 /// The time of the first event of [`log`].
@@ -37,6 +38,26 @@ pub fn fork_spec(
         delegation_depth,
         agent_preset: None,
     }
+}
+
+/// A spawned child of `parent`, one level down and seeded with nothing: `header` made its
+/// child's, and the `session/lineage` event its log starts with.
+pub fn spawned_child(header: Header, parent: SessionId) -> (Header, EventBody) {
+    let header = Header {
+        parent: Some(parent),
+        seed_len: 0,
+        seed_digest: Some(Digest::of_empty()),
+        delegation_depth: 1,
+        origin: Some(Origin::Subagent),
+        ..header
+    };
+    let lineage = SessionLineage {
+        parent,
+        seed_len: 0,
+        seed_digest: Digest::of_empty(),
+        delegation_depth: 1,
+    };
+    (header, lineage.into())
 }
 
 /// `bodies` as consecutive events from `first_seq`: the event at seq `n` has time

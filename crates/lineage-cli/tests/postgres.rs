@@ -120,12 +120,7 @@ fn the_read_only_commands_follow_a_database_while_a_host_writes() {
 
 #[test]
 fn a_database_url_is_shown_without_its_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("postgres://ann:hunter2@127.0.0.1:{port}/nowhere");
+    let url = lineage_testkit::postgres::unanswered_url();
     let failed = run(&["ls", &url]);
     assert_ne!(failed.code, 0);
     assert!(

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{run, s};
 use lineage_log::{Event, Header, SessionId};
 use lineage_store::{SessionInfo, Store, StoreError};
+use lineage_testkit::files::names_in;
 use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{SplitMix64, realistic_session};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -32,16 +33,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The names in `dir`, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
 }
 
 /// The store format version in a closed store file's `meta` table.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lineage_store::{Store, StoreError, StoreOptions};
+use lineage_testkit::files::names_in;
 use lineage_testkit::process::{Helper, helper_job, report_line, rerun_this_test};
 use redb::StorageBackend;
 use redb::backends::FileBackend;

@@ -196,19 +196,11 @@ fn a_database_without_the_tables_is_not_a_store_to_a_reader_and_becomes_one_for_
 
 #[test]
 fn a_server_that_does_not_answer_is_named_without_the_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("postgres://ann:hunter2@127.0.0.1:{port}/nowhere");
+    let url = lineage_testkit::postgres::unanswered_url();
     match Store::open(&url) {
         Err(StoreError::NotAStore { path, reason }) => {
             let shown = path.display().to_string();
-            assert_eq!(
-                shown,
-                format!("postgres://ann:***@127.0.0.1:{port}/nowhere")
-            );
+            assert_eq!(shown, url.replace("hunter2", "***"));
             assert!(reason.contains("cannot connect"), "{reason}");
             assert!(!reason.contains("hunter2"), "{reason}");
         }

@@ -19,6 +19,7 @@ use lineage_log::{
     Event, EventBody, EventKind, ForkSpec, Header, SessionId, SessionMeta, fork_session,
 };
 use lineage_store::{KindStats, Loaded, Scan, SessionInfo, Store, StoreError, Upgraded};
+use lineage_testkit::files::names_in;
 use lineage_testkit::store_v1::{golden_copy, write_store};
 use lineage_testkit::{ev, last_turn, realistic_session, running_digests};
 

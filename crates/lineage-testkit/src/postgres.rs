@@ -302,6 +302,13 @@ fn fresh_dir() -> Result<PathBuf, String> {
     }
 }
 
+/// A PostgreSQL URL of 127.0.0.1 on a port nothing listens on, with a user and a password
+/// (`hunter2`) that whatever reports the failed connection must not show.
+pub fn unanswered_url() -> String {
+    let port = free_port().expect("a free port");
+    format!("postgres://ann:hunter2@127.0.0.1:{port}/nowhere")
+}
+
 /// A free TCP port of 127.0.0.1, as the kernel hands it out now.
 fn free_port() -> Result<u16, String> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))

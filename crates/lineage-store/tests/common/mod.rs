@@ -73,16 +73,6 @@ pub fn fresh() -> (SessionId, Header) {
     (id, header(id))
 }
 
-/// The names in `dir`, sorted.
-pub fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
 /// A store at [`store_location`] in `dir` holding one session of `log`, closed: its location and
 /// the session's header.
 pub fn closed_store_with(dir: &Path, log: &[Event]) -> (std::path::PathBuf, Header) {

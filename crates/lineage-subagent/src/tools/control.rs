@@ -7,7 +7,7 @@ use lineage_agent::{AgentStatus, BoxFuture, Tool, ToolContext, ToolOutput};
 use lineage_log::{ContentBlock, DescriptorMode, MessageSource, SessionId};
 use serde_json::{Value, json};
 
-use super::{answer, invalid, refused, string_arg};
+use super::{answer, invalid, object_schema, refused, string_arg};
 use crate::{Authority, ListingRow, SubagentRuntime};
 
 /// The name of [`SendMessageTool`].
@@ -54,15 +54,13 @@ impl Tool for SendMessageTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "subagent_id": {"type": "string", "description": "The id returned when the background subagent was started."},
                 "message": {"type": "string", "description": "What to tell the subagent."},
-            },
-            "required": ["subagent_id", "message"],
-            "additionalProperties": false,
-        })
+            }),
+            &["subagent_id", "message"],
+        )
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {
@@ -119,14 +117,12 @@ impl Tool for InterruptAgentTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "agent_id": {"type": "string", "description": "The id of the agent to interrupt."},
-            },
-            "required": ["agent_id"],
-            "additionalProperties": false,
-        })
+            }),
+            &["agent_id"],
+        )
     }
 
     fn parallel_safe(&self, _: &Value) -> bool {
@@ -227,17 +223,16 @@ impl Tool for ListAgentsTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "scope": {
                     "type": "string",
                     "enum": ["children", "descendants"],
                     "description": "`children` (the default) lists your direct children; `descendants` lists the whole tree below you.",
                 },
-            },
-            "additionalProperties": false,
-        })
+            }),
+            &[],
+        )
     }
 
     fn parallel_safe(&self, _: &Value) -> bool {

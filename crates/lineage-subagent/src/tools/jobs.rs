@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
 use serde_json::{Value, json};
 
-use super::{answer, invalid, refused, string_arg};
+use super::{answer, invalid, object_schema, refused, string_arg};
 use crate::{JobId, SubagentRuntime};
 
 /// The name of [`JobOutputTool`].
@@ -48,15 +48,13 @@ impl Tool for JobOutputTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "job_id": {"type": "string", "description": "The job's id (job-N)."},
                 "wait": {"type": "boolean", "description": "Whether to wait for the job to end (default true)."},
-            },
-            "required": ["job_id"],
-            "additionalProperties": false,
-        })
+            }),
+            &["job_id"],
+        )
     }
 
     fn parallel_safe(&self, _: &Value) -> bool {
@@ -115,14 +113,12 @@ impl Tool for JobKillTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "job_id": {"type": "string", "description": "The job's id (job-N)."},
-            },
-            "required": ["job_id"],
-            "additionalProperties": false,
-        })
+            }),
+            &["job_id"],
+        )
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {

@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, ToolOutput};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::SubagentError;
 
@@ -45,4 +45,17 @@ fn answer<'a>(
     call: impl Future<Output = Result<ToolOutput, ToolOutput>> + Send + 'a,
 ) -> BoxFuture<'a, ToolOutput> {
     Box::pin(async move { call.await.unwrap_or_else(|refusal| refusal) })
+}
+
+/// A tool's input schema: an object of `properties`, the `required` ones named, and nothing
+/// else. The keys come in the order tools have always sent them.
+fn object_schema(properties: Value, required: &[&str]) -> Value {
+    let mut schema = serde_json::Map::new();
+    schema.insert("type".into(), json!("object"));
+    schema.insert("properties".into(), properties);
+    if !required.is_empty() {
+        schema.insert("required".into(), json!(required));
+    }
+    schema.insert("additionalProperties".into(), json!(false));
+    Value::Object(schema)
 }

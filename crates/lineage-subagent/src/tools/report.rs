@@ -7,7 +7,7 @@ use lineage_agent::{BoxFuture, Tool, ToolContext, ToolOutput};
 use lineage_log::{ContentBlock, SessionId};
 use serde_json::{Value, json};
 
-use super::{answer, refused, string_arg};
+use super::{answer, object_schema, refused, string_arg};
 use crate::{ContinuableSetup, Installed, ReportDelivery, SubagentRuntime};
 
 /// The tool's name.
@@ -70,14 +70,12 @@ impl Tool for ReportTool {
     }
 
     fn input_schema(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
+        object_schema(
+            json!({
                 "output": {"type": "string", "description": "What your parent can act on: conclusions, and the shared paths they concern."},
-            },
-            "required": ["output"],
-            "additionalProperties": false,
-        })
+            }),
+            &["output"],
+        )
     }
 
     fn call(&self, ctx: ToolContext, arguments: Value) -> BoxFuture<'_, ToolOutput> {

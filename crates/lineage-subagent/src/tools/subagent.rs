@@ -7,7 +7,7 @@ use lineage_agent::{BoxFuture, INVALID_ARGUMENTS, Tool, ToolContext, ToolOutput}
 use lineage_log::{ContentBlock, Text, ToolError, ToolFilter};
 use serde_json::{Value, json};
 
-use super::refused;
+use super::{object_schema, refused};
 use crate::runtime::Mount;
 use crate::{
     ChildOptions, ContinuableRequest, ErrorCode, Provider, StartRequest, StopReason, SubagentError,
@@ -441,15 +441,13 @@ impl Tool for SubagentTool {
         } else {
             SPAWN_PROMPT
         };
-        let mut schema = json!({
-            "type": "object",
-            "properties": {
+        let mut schema = object_schema(
+            json!({
                 "description": {"type": "string", "description": LABEL},
                 "prompt": {"type": "string", "description": prompt},
-            },
-            "required": ["description", "prompt"],
-            "additionalProperties": false,
-        });
+            }),
+            &["description", "prompt"],
+        );
         if self.offers_background() {
             let description = if self.continuable() {
                 BACKGROUND_PARAM

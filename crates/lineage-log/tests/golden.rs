@@ -22,6 +22,7 @@ use lineage_log::{
     Text, ToolCall, ToolCallDelta, ToolError, ToolFilter, ToolResult, TurnEnd, TurnEndReason,
     TurnError, TurnStart, Usage, decode_record, encode_record,
 };
+use lineage_testkit::golden::{blessing, hex, unhex};
 use serde::{Deserialize, Serialize};
 
 const RECORDS_FILE: &str = concat!(
@@ -1209,29 +1210,6 @@ fn cover_block(block: &ContentBlock, seen: &mut BTreeSet<String>) {
 
 // ---------------------------------------------------------------------------------------------
 // Vector files.
-
-fn blessing() -> bool {
-    std::env::var("LINEAGE_BLESS").is_ok_and(|v| v == "1")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        write!(out, "{byte:02x}").expect("writing to a String cannot fail");
-    }
-    out
-}
-
-fn unhex(file: &str, line: usize, s: &str) -> Vec<u8> {
-    assert!(
-        s.len().is_multiple_of(2) && s.bytes().all(|c| c.is_ascii_hexdigit()),
-        "{file}:{line}: not an even-length hex string: {s:?}"
-    );
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("checked hex digits"))
-        .collect()
-}
 
 /// The lines of a vector file that are not comments or blank, split on whitespace, with their
 /// 1-based line numbers.

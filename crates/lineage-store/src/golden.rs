@@ -29,6 +29,8 @@ use lineage_log::{
     TurnStart, Usage, put_varint, take_varint,
 };
 
+use lineage_testkit::golden::{blessing, hex, unhex};
+
 use crate::StoreError;
 use crate::layout::{BLOCK_HEADER_LEN, Block, BlockFormat, encode_block};
 
@@ -1215,29 +1217,6 @@ fn render(vectors: &[Vector], invalid: &[(&'static str, Vec<u8>)]) -> String {
     out
 }
 
-fn blessing() -> bool {
-    std::env::var("LINEAGE_BLESS").is_ok_and(|v| v == "1")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        write!(out, "{byte:02x}").expect("writing to a String cannot fail");
-    }
-    out
-}
-
-fn unhex(line: usize, s: &str) -> Vec<u8> {
-    assert!(
-        s.len().is_multiple_of(2) && s.bytes().all(|c| c.is_ascii_hexdigit()),
-        "schema/golden/blocks.txt:{line}: not an even-length hex string: {s:?}"
-    );
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("checked hex digits"))
-        .collect()
-}
-
 /// The data lines of the file, by name: line number and bytes.
 type Stored = BTreeMap<String, (usize, Vec<u8>)>;
 
@@ -1257,7 +1236,10 @@ fn stored() -> (Stored, Vec<String>) {
             panic!("schema/golden/blocks.txt:{line_no}: expected `name hex`, got {line:?}");
         };
         if lines
-            .insert(name.to_string(), (line_no, unhex(line_no, bytes)))
+            .insert(
+                name.to_string(),
+                (line_no, unhex("schema/golden/blocks.txt", line_no, bytes)),
+            )
             .is_some()
         {
             problems.push(format!("{name}: listed twice (line {line_no})"));

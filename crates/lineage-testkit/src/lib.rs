@@ -3,7 +3,7 @@
 //! Without features: deterministic realistic sessions, an endless seeded stream of turns for
 //! writer processes ([`TurnStream`]), proptest strategies for random valid logs
 //! and batch partitions, random events of every variant, short event and turn constructors for
-//! hand-written logs ([`ev`]), readers of logs and directories for assertions ([`read`], [`files`]), helper processes a
+//! hand-written logs ([`ev`]), readers of logs and directories for assertions ([`read`], [`files`]), the golden vector files' hex ([`golden`]), helper processes a
 //! test binary re-runs itself as, to crash or to run beside ([`process`]), the external
 //! agent products, installed on first use ([`products`]), a private PostgreSQL server
 //! ([`postgres`]), and a TCP proxy that cuts a connection where a test says ([`proxy`]). These
@@ -33,6 +33,7 @@ mod build;
 pub mod continuation;
 pub mod ev;
 pub mod files;
+pub mod golden;
 #[cfg(feature = "loopback")]
 pub mod loopback;
 pub mod postgres;

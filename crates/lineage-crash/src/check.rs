@@ -97,18 +97,8 @@ pub fn check(path: &Path, model: &mut Model, opened: bool) -> Outcome {
             return out;
         }
     };
-    match store.verify() {
-        Ok(report) => {
-            for session in report.failures() {
-                let problems: Vec<String> =
-                    session.problems.iter().map(|p| p.to_string()).collect();
-                out.fail(
-                    "verify",
-                    format!("session {}: {}", session.session, problems.join("; ")),
-                );
-            }
-        }
-        Err(e) => out.fail("verify", format!("verify fails: {e}")),
+    for what in verify_failures(&store).unwrap_or_else(|e| vec![e]) {
+        out.fail("verify", what);
     }
     let infos = match store.list() {
         Ok(infos) => infos,
@@ -238,17 +228,8 @@ fn read_all(
                 seed_digests.insert(n, chain.digest());
             }
         }
-        if events.len() as u64 != info.len || chain.digest() != info.head {
-            out.fail(
-                "store error",
-                format!(
-                    "session {id}: {} events read whose records give {}, the row says {} events and {}",
-                    events.len(),
-                    chain.digest(),
-                    info.len,
-                    info.head
-                ),
-            );
+        if let Some(what) = against_row(&info, events.len(), chain.digest()) {
+            out.fail("store error", what);
         }
         let lineage = info
             .header
@@ -331,48 +312,53 @@ fn compare(model: &Model, read: &BTreeMap<SessionId, Read>, out: &mut Outcome) {
                 None => unwritten.push(seq),
             }
         }
-        if !missing.is_empty() {
-            out.lost += missing.len() as u64;
-            out.fail(
+        let held = format!(
+            "; the store holds {}, {} were acknowledged",
+            stored.len(),
+            known.acknowledged
+        );
+        // Each finding: its kind, whether its seqs count as lost, the seqs, what they are.
+        let findings = [
+            (
                 "lost",
-                format!(
-                    "session {id}: {} acknowledged events are missing ({}); the store holds {}, {} were acknowledged",
-                    missing.len(),
-                    seqs(&missing),
-                    stored.len(),
-                    known.acknowledged
-                ),
-            );
-        }
-        if !altered.is_empty() {
-            out.lost += altered.len() as u64;
-            out.fail(
+                true,
+                missing,
+                "acknowledged events are missing",
+                held,
+            ),
+            (
                 "altered",
-                format!(
-                    "session {id}: {} acknowledged events differ from what was written ({})",
-                    altered.len(),
-                    seqs(&altered)
-                ),
-            );
-        }
-        if !differs.is_empty() {
-            out.fail(
+                true,
+                altered,
+                "acknowledged events differ from what was written",
+                String::new(),
+            ),
+            (
                 "altered",
-                format!(
-                    "session {id}: {} stored events differ from what the writer admitted ({})",
-                    differs.len(),
-                    seqs(&differs)
-                ),
-            );
-        }
-        if !unwritten.is_empty() {
-            out.fail(
+                false,
+                differs,
+                "stored events differ from what the writer admitted",
+                String::new(),
+            ),
+            (
                 "unexpected",
-                format!(
-                    "session {id}: {} stored events were never written by the writer ({})",
-                    unwritten.len(),
-                    seqs(&unwritten)
-                ),
+                false,
+                unwritten,
+                "stored events were never written by the writer",
+                String::new(),
+            ),
+        ];
+        for (kind, lost, found, what, more) in findings {
+            if found.is_empty() {
+                continue;
+            }
+            if lost {
+                out.lost += found.len() as u64;
+            }
+            let n = found.len();
+            out.fail(
+                kind,
+                format!("session {id}: {n} {what} ({}){more}", seqs(&found)),
             );
         }
     }
@@ -527,8 +513,36 @@ fn confirm(model: &mut Model, read: BTreeMap<SessionId, Read>) {
     model.sessions = next;
 }
 
+/// What `verify` finds wrong in `store`: a line per failing session, `session <id>: <problems>`;
+/// `Err` with the line to report when verify itself fails.
+pub fn verify_failures(store: &Store) -> Result<Vec<String>, String> {
+    let report = store.verify().map_err(|e| format!("verify fails: {e}"))?;
+    Ok(report
+        .failures()
+        .map(|session| {
+            let problems: Vec<String> = session.problems.iter().map(|p| p.to_string()).collect();
+            format!("session {}: {}", session.session, problems.join("; "))
+        })
+        .collect())
+}
+
+/// How `read` events whose records give `digest` differ from the session's row, if they do: the
+/// row's length and head digest say whether the records re-encoded from the decoded events are
+/// the stored bytes.
+pub fn against_row(info: &SessionInfo, read: usize, digest: Digest) -> Option<String> {
+    (read as u64 != info.len || digest != info.head).then(|| {
+        format!(
+            "session {}: {read} events read whose records give {digest}, the row says {} events and {}",
+            info.header.id, info.len, info.head
+        )
+    })
+}
+
 /// A short list of seqs: the first few and how many more.
-fn seqs(seqs: &[u64]) -> String {
+pub fn seqs(seqs: &[u64]) -> String {
+    if seqs.is_empty() {
+        return "none".into();
+    }
     let shown: Vec<String> = seqs.iter().take(5).map(u64::to_string).collect();
     if seqs.len() > 5 {
         format!("seqs {} and {} more", shown.join(", "), seqs.len() - 5)

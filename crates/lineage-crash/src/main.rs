@@ -62,57 +62,67 @@ fn main() -> ExitCode {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
     }
-    let (config, temporary) = match parse_run(&args) {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            eprintln!("lineage-crash: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let started = Instant::now();
-    let totals = match harness::run(&config, |line| println!("{line}")) {
-        Ok(totals) => totals,
-        Err(e) => {
-            eprintln!("lineage-crash: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    print!("{}", summary(&config, &totals, started.elapsed()));
-    conclude(totals.failures.is_empty(), &config.dir, temporary)
+    run_mode("lineage-crash", parse_run(&args), |config| {
+        let started = Instant::now();
+        let totals = harness::run(config, |line| println!("{line}"))?;
+        print!("{}", summary(config, &totals, started.elapsed()));
+        Ok((totals.failures.is_empty(), config.dir.as_path()))
+    })
 }
 
-/// A run's exit: success removes a temporary work directory; a failure keeps it and says where.
-fn conclude(ok: bool, dir: &Path, temporary: bool) -> ExitCode {
-    if ok {
-        if temporary {
-            let _ = std::fs::remove_dir_all(dir);
+/// Runs one mode named `program` on its parsed arguments (the config and whether its work
+/// directory is temporary): `run` prints its progress and summary and says whether nothing failed
+/// and where it worked. A usage error or a failure to run exits 2; otherwise success removes a
+/// temporary work directory, and a failure keeps it and says where.
+fn run_mode<C>(
+    program: &str,
+    parsed: Result<(C, bool), String>,
+    run: impl FnOnce(&C) -> Result<(bool, &Path), String>,
+) -> ExitCode {
+    let (config, temporary) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("{program}: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
         }
-        ExitCode::SUCCESS
-    } else {
-        println!("the work directory is kept: {}", dir.display());
-        ExitCode::from(1)
+    };
+    match run(&config) {
+        Ok((true, dir)) => {
+            if temporary {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            ExitCode::SUCCESS
+        }
+        Ok((false, dir)) => {
+            println!("the work directory is kept: {}", dir.display());
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
 /// `lineage-crash faults …`: the I/O-fault sweep (see `faults`).
 fn run_faults(args: &[String]) -> ExitCode {
-    let (config, temporary) = match parse_faults(args) {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            eprintln!("lineage-crash faults: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let started = Instant::now();
-    let totals = match faults::run(&config, |line| println!("{line}")) {
-        Ok(totals) => totals,
-        Err(e) => {
-            eprintln!("lineage-crash faults: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    print!("{}", faults::summary(&config, &totals, started.elapsed()));
-    conclude(totals.ok(), &config.dir, temporary)
+    run_mode("lineage-crash faults", parse_faults(args), |config| {
+        let started = Instant::now();
+        let totals = faults::run(config, |line| println!("{line}"))?;
+        print!("{}", faults::summary(config, &totals, started.elapsed()));
+        Ok((totals.ok(), config.dir.as_path()))
+    })
+}
+
+/// The work directory given, or a new temporary one named after `prefix`; whether it is temporary.
+fn work_dir(dir: Option<PathBuf>, prefix: &str) -> (PathBuf, bool) {
+    match dir {
+        Some(dir) => (dir, false),
+        None => (
+            std::env::temp_dir().join(format!("{prefix}-{}", std::process::id())),
+            true,
+        ),
+    }
 }
 
 fn parse_faults(args: &[String]) -> Result<(faults::Config, bool), String> {
@@ -131,10 +141,7 @@ fn parse_faults(args: &[String]) -> Result<(faults::Config, bool), String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    let temporary = dir.is_none();
-    let dir = dir.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("lineage-faults-{}", std::process::id()))
-    });
+    let (dir, temporary) = work_dir(dir, "lineage-faults");
     Ok((
         faults::Config {
             quick,
@@ -168,10 +175,7 @@ fn parse_run(args: &[String]) -> Result<(Config, bool), String> {
     }
     let kills = kills.ok_or("--kills is required")?;
     let kills = u32::try_from(kills).map_err(|_| format!("--kills {kills} is too many"))?;
-    let temporary = dir.is_none();
-    let dir = dir.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("lineage-crash-{}", std::process::id()))
-    });
+    let (dir, temporary) = work_dir(dir, "lineage-crash");
     Ok((Config { kills, seed, dir }, temporary))
 }
 

@@ -232,18 +232,13 @@ mod tests {
     #[test]
     fn the_trigger_is_the_nth_line_of_the_moment_and_no_other() {
         let s = SessionId::new();
-        let append = Report::Events {
-            write: Write::Append,
+        let events = |write| Report::Events {
+            write,
             session: s,
             first: 0,
             digests: Vec::new(),
         };
-        let admit = Report::Events {
-            write: Write::Admit,
-            session: s,
-            first: 0,
-            digests: Vec::new(),
-        };
+        let (append, admit) = (events(Write::Append), events(Write::Admit));
         let plan = Plan {
             moment: Moment::Append,
             nth: 2,

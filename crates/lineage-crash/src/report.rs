@@ -71,7 +71,8 @@ pub enum Write {
 }
 
 impl Write {
-    fn word(self) -> &'static str {
+    /// The line's first word, also the store call's name.
+    pub fn word(self) -> &'static str {
         match self {
             Write::Append => "append",
             Write::Admit => "admit",
@@ -247,25 +248,26 @@ pub fn parse(line: &str) -> Result<Report, String> {
                 through: number(args[1])?,
             })
         }
-        "fork-start" => {
+        "fork-start" | "fork" => {
             want(4)?;
-            Ok(Report::ForkStart {
-                child: session(args[0])?,
-                parent: session(args[1])?,
-                boundary: match args[2] {
-                    "whole" => None,
-                    b => Some(number(b)?),
-                },
-                time_ms: number(args[3])?,
-            })
-        }
-        "fork" => {
-            want(4)?;
-            Ok(Report::Fork {
-                child: session(args[0])?,
-                parent: session(args[1])?,
-                seed_len: number(args[2])?,
-                seed_digest: parse_digest(args[3])?,
+            let (child, parent) = (session(args[0])?, session(args[1])?);
+            Ok(if word == "fork" {
+                Report::Fork {
+                    child,
+                    parent,
+                    seed_len: number(args[2])?,
+                    seed_digest: parse_digest(args[3])?,
+                }
+            } else {
+                Report::ForkStart {
+                    child,
+                    parent,
+                    boundary: match args[2] {
+                        "whole" => None,
+                        b => Some(number(b)?),
+                    },
+                    time_ms: number(args[3])?,
+                }
             })
         }
         other => Err(format!("unknown report {other:?}")),

@@ -130,6 +130,38 @@ impl Live {
             self.next_seq = event.seq + 1;
         }
     }
+
+    /// Everything written to the session is durable: reported so.
+    fn all_durable(&mut self) {
+        self.admitted = None;
+        say(&Report::Durable {
+            session: self.id,
+            through: self.next_seq - 1,
+        });
+    }
+
+    /// What was admitted and not yet reported durable is durable now: reported so.
+    fn report_durable(&mut self) {
+        if let Some(through) = self.admitted.take() {
+            say(&Report::Durable {
+                session: self.id,
+                through,
+            });
+        }
+    }
+}
+
+/// The next batch of `stream`: now and then the rest of the open turn, else 1 to 3 or 4 to 60
+/// events, so that turns are often left open across batches.
+pub fn next_batch(rng: &mut SplitMix64, stream: &mut TurnStream) -> Vec<Event> {
+    let roll = rng.below(100);
+    if roll < 15 {
+        stream.rest_of_turn()
+    } else if roll < 45 {
+        stream.take(rng.between(1, 3) as usize)
+    } else {
+        stream.take(rng.between(4, 60) as usize)
+    }
 }
 
 struct Writer {
@@ -247,8 +279,8 @@ impl Writer {
             ];
             let at = self.rng.below(self.live.len() as u64) as usize;
             match self.rng.weighted(&weights) {
-                Some(0) => self.append(at)?,
-                Some(1) => self.admit(at)?,
+                Some(0) => self.write(at, Write::Append)?,
+                Some(1) => self.write(at, Write::Admit)?,
                 Some(2) => self.group()?,
                 Some(3) => self.fork(at)?,
                 Some(4) => self.reload(at)?,
@@ -260,80 +292,43 @@ impl Writer {
         Ok(())
     }
 
-    fn batch(&mut self, at: usize) -> Vec<Event> {
-        let roll = self.rng.below(100);
-        let stream = &mut self.live[at].stream;
-        if roll < 15 {
-            stream.rest_of_turn()
-        } else if roll < 45 {
-            stream.take(self.rng.between(1, 3) as usize)
-        } else {
-            stream.take(self.rng.between(4, 60) as usize)
+    /// Appends (admitted and flushed at once) or admits (made durable by the commit window or a
+    /// later flush) the next batch of session `at`, announced first.
+    fn write(&mut self, at: usize, write: Write) -> Result<(), String> {
+        let batch = next_batch(&mut self.rng, &mut self.live[at].stream);
+        let live = &mut self.live[at];
+        let (id, first) = (live.id, live.next_seq);
+        say(&Report::Events {
+            write,
+            session: id,
+            first,
+            digests: digests(&batch),
+        });
+        let written = match write {
+            Write::Append => self.store.append(id, &batch),
+            _ => self.store.admit(id, &batch),
+        };
+        written.map_err(|e| format!("{} seqs {first}.. to session {id}: {e}", write.word()))?;
+        live.note(&batch);
+        match write {
+            Write::Append => live.all_durable(),
+            _ => live.admitted = Some(live.next_seq - 1),
         }
-    }
-
-    fn append(&mut self, at: usize) -> Result<(), String> {
-        let batch = self.batch(at);
-        let live = &mut self.live[at];
-        let (id, first) = (live.id, live.next_seq);
-        say(&Report::Events {
-            write: Write::Append,
-            session: id,
-            first,
-            digests: digests(&batch),
-        });
-        self.store
-            .append(id, &batch)
-            .map_err(|e| format!("append seqs {first}.. to session {id}: {e}"))?;
-        live.note(&batch);
-        live.admitted = None;
-        say(&Report::Durable {
-            session: id,
-            through: live.next_seq - 1,
-        });
         Ok(())
-    }
-
-    fn admit_one(&mut self, at: usize) -> Result<(), String> {
-        let batch = self.batch(at);
-        let live = &mut self.live[at];
-        let (id, first) = (live.id, live.next_seq);
-        say(&Report::Events {
-            write: Write::Admit,
-            session: id,
-            first,
-            digests: digests(&batch),
-        });
-        self.store
-            .admit(id, &batch)
-            .map_err(|e| format!("admit seqs {first}.. to session {id}: {e}"))?;
-        live.note(&batch);
-        live.admitted = Some(live.next_seq - 1);
-        Ok(())
-    }
-
-    /// Admits a batch that the commit window or a later flush makes durable.
-    fn admit(&mut self, at: usize) -> Result<(), String> {
-        self.admit_one(at)
     }
 
     /// Admits batches to several sessions, then waits for the commit they share.
     fn group(&mut self) -> Result<(), String> {
         for _ in 0..self.rng.between(2, 4) {
             let at = self.rng.below(self.live.len() as u64) as usize;
-            self.admit_one(at)?;
+            self.write(at, Write::Admit)?;
         }
         say(&Report::Phase(Phase::Flush));
         self.store
             .flush_all()
             .map_err(|e| format!("flush of every session: {e}"))?;
         for live in &mut self.live {
-            if let Some(through) = live.admitted.take() {
-                say(&Report::Durable {
-                    session: live.id,
-                    through,
-                });
-            }
+            live.report_durable();
         }
         Ok(())
     }
@@ -344,12 +339,7 @@ impl Writer {
         self.store
             .flush(live.id)
             .map_err(|e| format!("flush of session {}: {e}", live.id))?;
-        if let Some(through) = live.admitted.take() {
-            say(&Report::Durable {
-                session: live.id,
-                through,
-            });
-        }
+        live.report_durable();
         Ok(())
     }
 
@@ -467,12 +457,8 @@ impl Writer {
             ));
         }
         live.note(&closers);
-        live.admitted = None;
         live.stream = TurnStream::new(seed, live.next_seq, live.last_turn + 1);
-        say(&Report::Durable {
-            session: id,
-            through: live.next_seq - 1,
-        });
+        live.all_durable();
         Ok(())
     }
 }

@@ -341,22 +341,32 @@ impl StorageBackend for FaultyFile {
 mod tests {
     use super::*;
 
-    fn temp_file(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+    /// A temporary file holding `bytes`, opened through a new switch: the directory (the file
+    /// lives as long as it), the file's path, the backend and its switch.
+    fn faulty_file(
+        bytes: &[u8],
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        FaultyFile,
+        Arc<Switch>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("file");
         std::fs::write(&path, bytes).unwrap();
-        (dir, path)
+        let switch = Arc::new(Switch::default());
+        let file = FaultyFile::open(&path, switch.clone()).unwrap();
+        (dir, path, file, switch)
     }
 
-    fn backend(path: &Path) -> (FaultyFile, Arc<Switch>) {
-        let switch = Arc::new(Switch::default());
-        (FaultyFile::open(path, switch.clone()).unwrap(), switch)
+    /// The OS error code `error` carries.
+    fn os_error(error: BackendError) -> Option<i32> {
+        io::Error::from(error).raw_os_error()
     }
 
     #[test]
     fn every_operation_is_counted_by_its_kind() {
-        let (_dir, path) = temp_file(&[0; 4096]);
-        let (file, switch) = backend(&path);
+        let (_dir, _, file, switch) = faulty_file(&[0; 4096]);
         file.write(0, &[1; 100]).unwrap();
         file.write(100, &[2; 100]).unwrap();
         file.sync_data().unwrap();
@@ -376,15 +386,13 @@ mod tests {
 
     #[test]
     fn a_once_fault_fails_only_the_nth_operation_of_its_kind() {
-        let (_dir, path) = temp_file(&[0; 4096]);
-        let (file, switch) = backend(&path);
+        let (_dir, path, file, switch) = faulty_file(&[0; 4096]);
         switch.arm(Kind::Write, Mode::Once, 3);
         file.sync_data().unwrap(); // another kind: not counted towards the third write
         file.write(0, &[1; 8]).unwrap();
         file.write(8, &[2; 8]).unwrap();
         assert!(!switch.fired());
-        let error = file.write(16, &[3; 8]).unwrap_err();
-        assert_eq!(io::Error::from(error).raw_os_error(), Some(EIO));
+        assert_eq!(os_error(file.write(16, &[3; 8]).unwrap_err()), Some(EIO));
         assert!(switch.fired());
         file.write(24, &[4; 8]).unwrap();
         assert_eq!(switch.failed(), 1);
@@ -396,13 +404,11 @@ mod tests {
 
     #[test]
     fn a_sticky_fault_fails_every_later_operation_until_cleared() {
-        let (_dir, path) = temp_file(&[0; 4096]);
-        let (file, switch) = backend(&path);
+        let (_dir, _, file, switch) = faulty_file(&[0; 4096]);
         switch.arm(Kind::Sync, Mode::Sticky, 2);
         file.sync_data().unwrap();
         for _ in 0..3 {
-            let error = io::Error::from(file.sync_data().unwrap_err());
-            assert_eq!(error.raw_os_error(), Some(EIO));
+            assert_eq!(os_error(file.sync_data().unwrap_err()), Some(EIO));
         }
         file.write(0, &[1; 8]).unwrap();
         switch.clear();
@@ -412,8 +418,7 @@ mod tests {
 
     #[test]
     fn a_set_len_fault_says_the_disk_is_full() {
-        let (_dir, path) = temp_file(&[0; 4096]);
-        let (file, switch) = backend(&path);
+        let (_dir, _, file, switch) = faulty_file(&[0; 4096]);
         switch.arm(Kind::SetLen, Mode::Once, 1);
         let error = file.set_len(1 << 20).unwrap_err();
         assert_eq!(io::Error::from(error).kind(), io::ErrorKind::StorageFull);
@@ -422,12 +427,10 @@ mod tests {
 
     #[test]
     fn a_torn_write_keeps_whole_sectors_of_its_first_half() {
-        let (_dir, path) = temp_file(&[0; 8192]);
-        let (file, switch) = backend(&path);
+        let (_dir, path, file, switch) = faulty_file(&[0; 8192]);
         switch.arm(Kind::Torn, Mode::Once, 1);
         let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8 + 1).collect();
-        let error = io::Error::from(file.write(1000, &data).unwrap_err());
-        assert_eq!(error.raw_os_error(), Some(EIO));
+        assert_eq!(os_error(file.write(1000, &data).unwrap_err()), Some(EIO));
         let bytes = std::fs::read(&path).unwrap();
         // Half of 3000 is 1500, rounded down to sectors: 1024 bytes kept.
         assert_eq!(&bytes[1000..2024], &data[..1024]);
@@ -444,8 +447,7 @@ mod tests {
 
     #[test]
     fn everything_fails_reads_too_and_outlives_a_reopen() {
-        let (_dir, path) = temp_file(&[7; 4096]);
-        let (file, switch) = backend(&path);
+        let (_dir, path, file, switch) = faulty_file(&[7; 4096]);
         switch.arm(Kind::Everything, Mode::Sticky, 1);
         let mut out = [0u8; 4];
         assert!(file.read(0, &mut out).is_err());

@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use lineage_log::{Chain, SessionId, encode_record};
-use lineage_store::Store;
+use lineage_store::{SessionInfo, Store};
 
 use super::workload::Ledger;
+use crate::check::{against_row, seqs, verify_failures};
 
 /// What the check found.
 #[derive(Debug, Default)]
@@ -37,19 +38,11 @@ pub fn check(path: &Path, ledgers: &[(&Ledger, u64)]) -> Verdict {
         }
     };
     // verify's only allowed finding, an open tail turn, is not a problem in its report.
-    match store.verify() {
-        Ok(report) => {
-            for session in report.failures() {
-                let problems: Vec<String> =
-                    session.problems.iter().map(|p| p.to_string()).collect();
-                out.problems.push(format!(
-                    "verify: session {}: {}",
-                    session.session,
-                    problems.join("; ")
-                ));
-            }
-        }
-        Err(e) => out.problems.push(format!("verify fails: {e}")),
+    match verify_failures(&store) {
+        Ok(failures) => out
+            .problems
+            .extend(failures.iter().map(|what| format!("verify: {what}"))),
+        Err(what) => out.problems.push(what),
     }
     let stored = match store.list() {
         Ok(infos) => infos,
@@ -71,7 +64,7 @@ pub fn check(path: &Path, ledgers: &[(&Ledger, u64)]) -> Verdict {
             continue;
         };
         seen.insert(id, ());
-        compare(&store, ledger, acked, info.len, info.head, &mut out);
+        compare(&store, ledger, acked, &info, &mut out);
     }
     for (ledger, acked) in ledgers {
         if *acked > 0 && !seen.contains_key(&ledger.id) {
@@ -91,14 +84,7 @@ pub fn check(path: &Path, ledgers: &[(&Ledger, u64)]) -> Verdict {
 /// One stored session against its ledger: the records read give the row's head digest (so what
 /// is compared is the stored bytes), every acknowledged event is there as admitted, and every
 /// other stored event is one that was admitted.
-fn compare(
-    store: &Store,
-    ledger: &Ledger,
-    acked: u64,
-    len: u64,
-    head: lineage_log::Digest,
-    out: &mut Verdict,
-) {
+fn compare(store: &Store, ledger: &Ledger, acked: u64, info: &SessionInfo, out: &mut Verdict) {
     let id = ledger.id;
     let events = match store.read_from(id, 0) {
         Ok(events) => events,
@@ -114,13 +100,8 @@ fn compare(
     for record in &records {
         chain.update(record);
     }
-    if events.len() as u64 != len || chain.digest() != head {
-        out.problems.push(format!(
-            "session {id}: {} events read whose records give {}, the row says {len} events and {head}",
-            events.len(),
-            chain.digest()
-        ));
-    }
+    out.problems
+        .extend(against_row(info, events.len(), chain.digest()));
     let (mut missing, mut altered, mut strays) = (Vec::new(), Vec::new(), Vec::new());
     for seq in 0..acked.max(records.len() as u64) {
         let admitted = ledger.admitted.get(seq as usize).map(encode_record);
@@ -157,19 +138,6 @@ fn compare(
             strays.len(),
             seqs(&strays)
         ));
-    }
-}
-
-/// A short list of seqs: the first few and how many more.
-fn seqs(seqs: &[u64]) -> String {
-    if seqs.is_empty() {
-        return "none".into();
-    }
-    let shown: Vec<String> = seqs.iter().take(5).map(u64::to_string).collect();
-    if seqs.len() > 5 {
-        format!("seqs {} and {} more", shown.join(", "), seqs.len() - 5)
-    } else {
-        format!("seqs {}", shown.join(", "))
     }
 }
 

@@ -19,6 +19,7 @@ use lineage_store::{NotDurable, Store, StoreError};
 use lineage_testkit::{STREAM_T0, SplitMix64, TurnStream};
 
 use super::backend::Switch;
+use crate::writer::next_batch;
 
 /// What one session's thread admitted and what the store acknowledged.
 pub struct Ledger {
@@ -189,21 +190,12 @@ impl<'a> Worker<'a> {
         live.get(at).copied()
     }
 
-    /// The next batch of a session: the one the store did not take, or new events of 1 to 60
-    /// (up to the end of a turn now and then, so turns are often left open across batches).
+    /// The next batch of a session: the one the store did not take, or a new one of its stream.
     fn batch(&mut self, s: usize) -> Vec<Event> {
         if let Some(held) = self.ledgers[s].held.take() {
             return held;
         }
-        let roll = self.rng.below(100);
-        let stream = &mut self.ledgers[s].stream;
-        if roll < 15 {
-            stream.rest_of_turn()
-        } else if roll < 45 {
-            stream.take(self.rng.between(1, 3) as usize)
-        } else {
-            stream.take(self.rng.between(4, 60) as usize)
-        }
+        next_batch(&mut self.rng, &mut self.ledgers[s].stream)
     }
 
     /// One step: an append; an admission left for the commit window or a later flush; an
@@ -284,13 +276,10 @@ impl<'a> Worker<'a> {
         let result = self
             .calls
             .during(self.slot, "append", || self.store.append(id, &batch));
-        let error = match result {
-            Ok(()) => {
-                self.ledgers[s].take(batch);
-                self.ledgers[s].ack_all();
-                return;
-            }
-            Err(error) => error,
+        let Err(error) = result else {
+            self.ledgers[s].take(batch);
+            self.ledgers[s].ack_all();
+            return;
         };
         self.found.errors += 1;
         match error {
@@ -316,29 +305,19 @@ impl<'a> Worker<'a> {
     }
 
     fn flush(&mut self, scope: Scope) {
-        let (what, result) = match scope {
-            Scope::One(s) => {
-                let id = self.ledgers[s].id;
-                (
-                    "flush",
-                    self.calls
-                        .during(self.slot, "flush", || self.store.flush(id)),
-                )
-            }
-            Scope::All => (
-                "flush_all",
-                self.calls
-                    .during(self.slot, "flush_all", || self.store.flush_all()),
-            ),
+        let what = match scope {
+            Scope::One(_) => "flush",
+            Scope::All => "flush_all",
         };
-        let error = match result {
-            Ok(()) => {
-                for s in self.covered(scope) {
-                    self.ledgers[s].ack_all();
-                }
-                return;
+        let result = self.calls.during(self.slot, what, || match scope {
+            Scope::One(s) => self.store.flush(self.ledgers[s].id),
+            Scope::All => self.store.flush_all(),
+        });
+        let Err(error) = result else {
+            for s in self.covered(scope) {
+                self.ledgers[s].ack_all();
             }
-            Err(error) => error,
+            return;
         };
         self.found.errors += 1;
         match error {

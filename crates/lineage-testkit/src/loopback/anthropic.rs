@@ -7,24 +7,12 @@
 //! the format puts it: the input counts in `message_start`, the output count in the closing
 //! `message_delta` as well.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
-use super::{Reply, chunked_reply, sse_body, sse_named_body, whole_reply};
+use super::{script_body, sse_named_body};
 
 /// The signature a scripted thinking block closes with.
 pub const SIGNATURE: &str = "c2NyaXB0ZWQtc2lnbmF0dXJl";
-
-#[derive(Clone, Debug)]
-enum Scripted {
-    /// `message_start`, written out when the body is, with the usage known by then.
-    Start,
-    Event {
-        name: Option<String>,
-        data: String,
-    },
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Open {
@@ -35,7 +23,9 @@ enum Open {
 /// An answer in the Anthropic Messages format, built event by event.
 #[derive(Clone, Debug)]
 pub struct Script {
-    events: Vec<Scripted>,
+    /// The events after `message_start` (which is written out when the body is, with the usage
+    /// known by then): name (`None` for a data-only event) and data.
+    events: Vec<(Option<String>, String)>,
     /// Input, output and cached tokens, once [`Script::usage`] has set them.
     usage: Option<(u64, u64, Option<u64>)>,
     /// The block deltas of its kind go on.
@@ -53,7 +43,7 @@ impl Script {
     /// An answer that has only begun: `message_start` and a `ping`.
     pub fn new() -> Script {
         Script {
-            events: vec![Scripted::Start],
+            events: Vec::new(),
             usage: None,
             open: None,
             next_index: 0,
@@ -63,33 +53,19 @@ impl Script {
 
     /// One text delta; consecutive text deltas share a block.
     pub fn text(self, delta: &str) -> Script {
-        let (mut script, index) = self.into_block(Open::Text);
-        script = script.event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": index,
-                   "delta": {"type": "text_delta", "text": delta}}),
-        );
-        script
+        let (script, index) = self.into_block(Open::Text);
+        script.delta(index, json!({"type": "text_delta", "text": delta}))
     }
 
     /// One thinking delta; consecutive thinking deltas share a block.
     pub fn reasoning(self, delta: &str) -> Script {
-        let (mut script, index) = self.into_block(Open::Thinking);
-        script = script.event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": index,
-                   "delta": {"type": "thinking_delta", "thinking": delta}}),
-        );
-        script
-    }
-
-    /// A whole `tool_use` block: its start, one `input_json_delta` per part, its stop.
-    pub fn tool_call(self, id: &str, name: &str, argument_parts: &[&str]) -> Script {
-        self.parallel_tool_calls(&[(id, name, argument_parts)])
+        let (script, index) = self.into_block(Open::Thinking);
+        script.delta(index, json!({"type": "thinking_delta", "thinking": delta}))
     }
 
     /// Several `tool_use` blocks at once: every start, then the parts round-robin across the
-    /// calls (the first part of each, then the second of each, ...), then every stop.
+    /// calls (the first part of each, then the second of each, ...), then every stop. Each block
+    /// is its start, one `input_json_delta` per part and its stop.
     pub fn parallel_tool_calls(self, calls: &[(&str, &str, &[&str])]) -> Script {
         let mut script = self.close();
         let first = script.next_index;
@@ -105,10 +81,9 @@ impl Script {
         for round in 0..rounds.unwrap_or(0) {
             for (at, (_, _, parts)) in calls.iter().enumerate() {
                 if let Some(part) = parts.get(round) {
-                    script = script.event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": first + at as u32,
-                               "delta": {"type": "input_json_delta", "partial_json": part}}),
+                    script = script.delta(
+                        first + at as u32,
+                        json!({"type": "input_json_delta", "partial_json": part}),
                     );
                 }
             }
@@ -160,42 +135,11 @@ impl Script {
         )
     }
 
-    /// `data` verbatim, named `event` when given (a bare `data:` event otherwise).
-    pub fn raw(mut self, event: Option<&str>, data: &str) -> Script {
-        self.events.push(Scripted::Event {
-            name: event.map(str::to_owned),
-            data: data.to_owned(),
-        });
-        self
-    }
-
     /// The events written so far, framed (an open block is left open).
     pub fn body(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        for event in &self.events {
-            match event {
-                Scripted::Start => body.extend(sse_named_body([(
-                    "message_start",
-                    self.start().to_string(),
-                )])),
-                Scripted::Event {
-                    name: Some(name),
-                    data,
-                } => body.extend(sse_named_body([(name, data)])),
-                Scripted::Event { name: None, data } => body.extend(sse_body([data])),
-            }
-        }
+        let mut body = sse_named_body([("message_start", self.start().to_string())]);
+        body.extend(script_body(&self.events));
         body
-    }
-
-    /// [`Script::body`] sent all at once.
-    pub fn reply(&self) -> Reply {
-        whole_reply(self.body())
-    }
-
-    /// [`Script::body`] sent `bytes` at a time, `delay` before each write.
-    pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        chunked_reply(self.body(), bytes, delay)
     }
 
     /// The `message_start` data, with the usage known now (none before [`Script::usage`]).
@@ -218,11 +162,16 @@ impl Script {
     }
 
     fn event(mut self, name: &str, data: Value) -> Script {
-        self.events.push(Scripted::Event {
-            name: Some(name.to_owned()),
-            data: data.to_string(),
-        });
+        self.events.push((Some(name.to_owned()), data.to_string()));
         self
+    }
+
+    /// A `content_block_delta` of block `index`.
+    fn delta(self, index: u32, delta: Value) -> Script {
+        self.event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        )
     }
 
     fn take_index(&mut self) -> u32 {
@@ -262,10 +211,9 @@ impl Script {
             None => self,
             Some(Open::Text(index)) => self.stop_block(index),
             Some(Open::Thinking(index)) => self
-                .event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": index,
-                           "delta": {"type": "signature_delta", "signature": SIGNATURE}}),
+                .delta(
+                    index,
+                    json!({"type": "signature_delta", "signature": SIGNATURE}),
                 )
                 .stop_block(index),
         }
@@ -278,6 +226,8 @@ impl Script {
         )
     }
 }
+
+script_calls!();
 
 /// The format's error type for `kind`: the short names `overloaded`, `rate_limit`,
 /// `authentication` (or `auth`), `permission`, `billing` (or `quota`), `invalid_request`,
@@ -294,21 +244,8 @@ pub fn error_type(kind: &str) -> String {
     }
 }
 
-/// A whole answer of one text, stopping normally.
-pub fn text(text: &str) -> Reply {
-    Script::new().text(text).stop().reply()
-}
-
-/// A whole answer asking for one call with `arguments` (one delta).
-pub fn tool_call(id: &str, name: &str, arguments: &str) -> Reply {
-    Script::new()
-        .tool_call(id, name, &[arguments])
-        .tool_stop()
-        .reply()
-}
-
 /// The format's error body, `{"type": "error", "error": {"type", "message"}}`, for a
-/// [`Reply::Status`] (`kind` as in [`error_type`]).
+/// [`Reply::Status`](super::Reply::Status) (`kind` as in [`error_type`]).
 pub fn error_body(kind: &str, message: &str) -> String {
     json!({"type": "error", "error": {"type": error_type(kind), "message": message}}).to_string()
 }

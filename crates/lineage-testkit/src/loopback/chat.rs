@@ -17,11 +17,9 @@
 //! # let _ = reply;
 //! ```
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
-use super::{Reply, chunked_reply, script_body, whole_reply};
+use super::script_body;
 
 /// The end of the format's stream.
 const DONE: &str = "[DONE]";
@@ -74,14 +72,10 @@ impl Script {
         self.choice(json!({"content": null, "reasoning_content": delta}), None)
     }
 
-    /// One tool call: its first entry carries the id, the name and the first argument part;
-    /// each further part is an entry of its own. No parts is one entry with empty arguments.
-    pub fn tool_call(self, id: &str, name: &str, argument_parts: &[&str]) -> Script {
-        self.parallel_tool_calls(&[(id, name, argument_parts)])
-    }
-
     /// Tool calls in parallel: each call its own wire `index`, their entries written round-robin
-    /// (every call's first entry, then every call's second part, ...), one entry per chunk.
+    /// (every call's first entry, then every call's second part, ...), one entry per chunk. A
+    /// call's first entry carries the id, the name and the first argument part; each further
+    /// part is an entry of its own. No parts is one entry with empty arguments.
     pub fn parallel_tool_calls(mut self, calls: &[(&str, &str, &[&str])]) -> Script {
         let first = self.calls;
         self.calls += calls.len() as u64;
@@ -159,41 +153,13 @@ impl Script {
         self.raw(None, &error_body(kind, message))
     }
 
-    /// Any event verbatim: `event` names it (`None` for the format's unnamed events).
-    pub fn raw(mut self, event: Option<&str>, data: &str) -> Script {
-        self.events
-            .push((event.map(str::to_owned), data.to_owned()));
-        self
-    }
-
     /// The events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
         script_body(&self.events)
     }
-
-    /// The whole body as one reply, sent at once.
-    pub fn reply(&self) -> Reply {
-        whole_reply(self.body())
-    }
-
-    /// The whole body in writes of `bytes` bytes, `delay` before each.
-    pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        chunked_reply(self.body(), bytes, delay)
-    }
 }
 
-/// A whole normal answer of one text (no usage).
-pub fn text(text: &str) -> Reply {
-    Script::new().text(text).stop().reply()
-}
-
-/// A whole answer asking for one call, its arguments in one part (no usage).
-pub fn tool_call(id: &str, name: &str, arguments: &str) -> Reply {
-    Script::new()
-        .tool_call(id, name, &[arguments])
-        .tool_stop()
-        .reply()
-}
+script_calls!();
 
 /// The format's JSON error body (for `Reply::Status`, and as the mid-stream error chunk):
 /// `{"error": {"message", "type", "param", "code"}}`.

@@ -9,6 +9,68 @@
 //! script empty is answered `500` with a body that says so, so a test that asks more than it
 //! scripted fails loudly.
 
+/// The calls every format's `Script` has alike, written once for each format module: one tool
+/// call, an event verbatim, the body as a reply (whole or chunked), and the module's whole
+/// one-text and one-call answers. The module's `Script` has an `events` field of named (`Some`)
+/// or data-only events and `new`, `text`, `parallel_tool_calls`, `stop`, `tool_stop` and `body`
+/// of its own.
+macro_rules! script_calls {
+    () => {
+        impl Script {
+            /// One tool call `name` with call id `id`, its arguments in `argument_parts`: a
+            /// [`Script::parallel_tool_calls`] of one.
+            pub fn tool_call(self, id: &str, name: &str, argument_parts: &[&str]) -> Script {
+                self.parallel_tool_calls(&[(id, name, argument_parts)])
+            }
+
+            /// An event verbatim: `event` names it (`None` for a data-only event) and `data` is
+            /// its data, unchanged. It opens and closes nothing, and counts nothing.
+            pub fn raw(mut self, event: Option<&str>, data: &str) -> Script {
+                self.events
+                    .push((event.map(str::to_owned), data.to_owned()));
+                self
+            }
+
+            /// [`Script::body`] as one reply, sent at once.
+            pub fn reply(&self) -> $crate::loopback::Reply {
+                $crate::loopback::Reply::Sse {
+                    body: self.body(),
+                    chunk: None,
+                    delay: ::std::time::Duration::ZERO,
+                }
+            }
+
+            /// [`Script::body`] as one reply sent `bytes` at a time (at least one: the server
+            /// sends a byte per write for 0), `delay` before each write.
+            pub fn chunked(
+                &self,
+                bytes: usize,
+                delay: ::std::time::Duration,
+            ) -> $crate::loopback::Reply {
+                $crate::loopback::Reply::Sse {
+                    body: self.body(),
+                    chunk: Some(bytes.max(1)),
+                    delay,
+                }
+            }
+        }
+
+        /// A whole normal answer of one text ([`Script::stop`]), with no usage.
+        pub fn text(text: &str) -> $crate::loopback::Reply {
+            Script::new().text(text).stop().reply()
+        }
+
+        /// A whole answer asking for one call of `name` with call id `id` and `arguments` in one
+        /// part ([`Script::tool_stop`]), with no usage.
+        pub fn tool_call(id: &str, name: &str, arguments: &str) -> $crate::loopback::Reply {
+            Script::new()
+                .tool_call(id, name, &[arguments])
+                .tool_stop()
+                .reply()
+        }
+    };
+}
+
 pub mod anthropic;
 pub mod chat;
 pub mod responses;
@@ -132,25 +194,6 @@ pub(crate) fn script_body(events: &[(Option<String>, String)]) -> Vec<u8> {
         }
     }
     body
-}
-
-/// A script's `body` as one reply, sent at once.
-pub(crate) fn whole_reply(body: Vec<u8>) -> Reply {
-    Reply::Sse {
-        body,
-        chunk: None,
-        delay: Duration::ZERO,
-    }
-}
-
-/// A script's `body` as one reply sent `bytes` at a time (at least one: the server sends a
-/// byte per write for 0), `delay` before each write.
-pub(crate) fn chunked_reply(body: Vec<u8>, bytes: usize, delay: Duration) -> Reply {
-    Reply::Sse {
-        body,
-        chunk: Some(bytes.max(1)),
-        delay,
-    }
 }
 
 /// A request as the server received it.

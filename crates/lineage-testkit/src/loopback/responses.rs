@@ -10,11 +10,9 @@
 //! terminal event carries the whole response: its output items, the usage set by
 //! [`Script::usage`], and for an incomplete answer the reason.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
-use super::{Reply, chunked_reply, script_body, whole_reply};
+use super::script_body;
 
 /// The model name the scripted responses report.
 const MODEL: &str = "loopback-model";
@@ -36,19 +34,93 @@ pub struct Script {
     usage: Option<Value>,
 }
 
-/// An item being streamed: its output index, item id and the text so far.
+/// The kinds of item whose text streams in deltas, into their part 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A `message`: its text in an `output_text` content part.
+    Message,
+    /// A `reasoning` item: its text in a `summary_text` summary part.
+    Reasoning,
+}
+
+impl Kind {
+    /// The prefix of the item's id.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Kind::Message => "msg",
+            Kind::Reasoning => "rs",
+        }
+    }
+
+    /// The stem of the names of the part's events (`.added`, `.done`).
+    fn part_events(self) -> &'static str {
+        match self {
+            Kind::Message => "response.content_part",
+            Kind::Reasoning => "response.reasoning_summary_part",
+        }
+    }
+
+    /// The stem of the names of the text's events (`.delta`, `.done`).
+    fn text_events(self) -> &'static str {
+        match self {
+            Kind::Message => "response.output_text",
+            Kind::Reasoning => "response.reasoning_summary_text",
+        }
+    }
+
+    /// The item `id` with `status` (a message's only) and `parts`.
+    fn item(self, id: &str, status: &str, parts: Vec<Value>) -> Value {
+        match self {
+            Kind::Message => json!({"id": id, "type": "message", "status": status,
+                                    "role": "assistant", "content": parts}),
+            Kind::Reasoning => json!({"id": id, "type": "reasoning", "summary": parts}),
+        }
+    }
+
+    /// The part holding `text`.
+    fn part(self, text: &str) -> Value {
+        match self {
+            Kind::Message => json!({"type": "output_text", "text": text, "annotations": []}),
+            Kind::Reasoning => json!({"type": "summary_text", "text": text}),
+        }
+    }
+
+    /// The fields of an event of part 0 of item `id` at `output_index`: those, then `more`.
+    fn in_part(self, id: &str, output_index: usize, more: Value) -> Value {
+        let index = match self {
+            Kind::Message => "content_index",
+            Kind::Reasoning => "summary_index",
+        };
+        let mut fields = json!({"item_id": id, "output_index": output_index, index: 0});
+        extend(&mut fields, more);
+        fields
+    }
+
+    /// The fields of an event of the text, `more` among them: a message's text events carry
+    /// `logprobs` too.
+    fn of_text(self, id: &str, output_index: usize, more: Value) -> Value {
+        let mut fields = self.in_part(id, output_index, more);
+        if self == Kind::Message {
+            fields["logprobs"] = json!([]);
+        }
+        fields
+    }
+}
+
+/// The item being streamed: its kind, output index, item id and the text so far.
 #[derive(Clone, Debug)]
-enum Open {
-    Message {
-        output_index: usize,
-        id: String,
-        text: String,
-    },
-    Reasoning {
-        output_index: usize,
-        id: String,
-        text: String,
-    },
+struct Open {
+    kind: Kind,
+    output_index: usize,
+    id: String,
+    text: String,
+}
+
+/// Adds the fields of `more` to the object `fields`, after its own.
+fn extend(fields: &mut Value, more: Value) {
+    if let (Some(fields), Value::Object(more)) = (fields.as_object_mut(), more) {
+        fields.extend(more);
+    }
 }
 
 impl Default for Script {
@@ -75,83 +147,40 @@ impl Script {
     }
 
     /// One text delta, in the open message item or a new one.
-    pub fn text(mut self, delta: &str) -> Script {
-        let (output_index, id) = match &mut self.open {
-            Some(Open::Message {
-                output_index,
-                id,
-                text,
-            }) => {
-                text.push_str(delta);
-                (*output_index, id.clone())
-            }
-            _ => {
-                self.close();
-                let output_index = self.output.len();
-                let id = format!("msg_{output_index}");
-                self.push(
-                    "response.output_item.added",
-                    json!({
-                        "output_index": output_index,
-                        "item": {"id": id, "type": "message", "status": "in_progress",
-                                 "role": "assistant", "content": []},
-                    }),
-                );
-                self.push(
-                    "response.content_part.added",
-                    json!({
-                        "item_id": id, "output_index": output_index, "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []},
-                    }),
-                );
-                self.open = Some(Open::Message {
-                    output_index,
-                    id: id.clone(),
-                    text: delta.to_owned(),
-                });
-                (output_index, id)
-            }
-        };
-        self.push(
-            "response.output_text.delta",
-            json!({
-                "item_id": id, "output_index": output_index, "content_index": 0,
-                "delta": delta, "logprobs": [],
-            }),
-        );
-        self
+    pub fn text(self, delta: &str) -> Script {
+        self.delta(Kind::Message, delta)
     }
 
     /// One reasoning delta (of a reasoning summary), in the open reasoning item or a new one.
-    pub fn reasoning(mut self, delta: &str) -> Script {
+    pub fn reasoning(self, delta: &str) -> Script {
+        self.delta(Kind::Reasoning, delta)
+    }
+
+    /// One delta of an item of `kind`: in the open item when it is of that kind, else in a new
+    /// one (its `output_item.added` and part `.added` first).
+    fn delta(mut self, kind: Kind, delta: &str) -> Script {
         let (output_index, id) = match &mut self.open {
-            Some(Open::Reasoning {
-                output_index,
-                id,
-                text,
-            }) => {
-                text.push_str(delta);
-                (*output_index, id.clone())
+            Some(open) if open.kind == kind => {
+                open.text.push_str(delta);
+                (open.output_index, open.id.clone())
             }
             _ => {
                 self.close();
                 let output_index = self.output.len();
-                let id = format!("rs_{output_index}");
+                let id = format!("{}_{output_index}", kind.id_prefix());
                 self.push(
                     "response.output_item.added",
                     json!({
                         "output_index": output_index,
-                        "item": {"id": id, "type": "reasoning", "summary": []},
+                        "item": kind.item(&id, "in_progress", Vec::new()),
                     }),
                 );
                 self.push(
-                    "response.reasoning_summary_part.added",
-                    json!({
-                        "item_id": id, "output_index": output_index, "summary_index": 0,
-                        "part": {"type": "summary_text", "text": ""},
-                    }),
+                    &format!("{}.added", kind.part_events()),
+                    kind.in_part(&id, output_index, json!({"part": kind.part("")})),
                 );
-                self.open = Some(Open::Reasoning {
+                self.open = Some(Open {
+                    kind,
                     output_index,
                     id: id.clone(),
                     text: delta.to_owned(),
@@ -160,17 +189,10 @@ impl Script {
             }
         };
         self.push(
-            "response.reasoning_summary_text.delta",
-            json!({
-                "item_id": id, "output_index": output_index, "summary_index": 0, "delta": delta,
-            }),
+            &format!("{}.delta", kind.text_events()),
+            kind.of_text(&id, output_index, json!({"delta": delta})),
         );
         self
-    }
-
-    /// One function call `name` with call id `id`, its arguments in `argument_parts`.
-    pub fn tool_call(self, id: &str, name: &str, argument_parts: &[&str]) -> Script {
-        self.parallel_tool_calls(&[(id, name, argument_parts)])
     }
 
     /// Several function calls at once: every item added, then their argument deltas
@@ -284,35 +306,15 @@ impl Script {
         self
     }
 
-    /// An event verbatim: `event` names it (`None` for a data-only event) and `data` is its
-    /// data, unchanged. It closes nothing and counts no sequence number.
-    pub fn raw(mut self, event: Option<&str>, data: &str) -> Script {
-        self.events
-            .push((event.map(str::to_owned), data.to_owned()));
-        self
-    }
-
     /// Exactly the events written so far, framed as server-sent events.
     pub fn body(&self) -> Vec<u8> {
         script_body(&self.events)
     }
 
-    /// The events so far as one reply, sent at once.
-    pub fn reply(&self) -> Reply {
-        whole_reply(self.body())
-    }
-
-    /// The events so far as one reply, sent `bytes` at a time with `delay` before each write.
-    pub fn chunked(&self, bytes: usize, delay: Duration) -> Reply {
-        chunked_reply(self.body(), bytes, delay)
-    }
-
     /// Writes event `name` with `fields`, adding its `type` and `sequence_number`.
     fn push(&mut self, name: &str, fields: Value) {
         let mut data = json!({"type": name, "sequence_number": self.sequence});
-        if let (Some(data), Value::Object(fields)) = (data.as_object_mut(), fields) {
-            data.extend(fields);
-        }
+        extend(&mut data, fields);
         self.sequence += 1;
         self.events.push((Some(name.to_owned()), data.to_string()));
     }
@@ -349,75 +351,38 @@ impl Script {
         })
     }
 
-    /// Closes the open item, if any: its part's done events, then the item's.
+    /// Closes the open item, if any: its text's and its part's done events, then the item's.
     fn close(&mut self) {
-        match self.open.take() {
-            None => {}
-            Some(Open::Message {
-                output_index,
-                id,
-                text,
-            }) => {
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
-                self.push(
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": output_index, "content_index": 0,
-                           "text": text, "logprobs": []}),
-                );
-                self.push(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": output_index, "content_index": 0,
-                           "part": part}),
-                );
-                let item = json!({"id": id, "type": "message", "status": "completed",
-                                  "role": "assistant", "content": [part]});
-                self.push(
-                    "response.output_item.done",
-                    json!({"output_index": output_index, "item": item}),
-                );
-                self.output.push(item);
-            }
-            Some(Open::Reasoning {
-                output_index,
-                id,
-                text,
-            }) => {
-                let part = json!({"type": "summary_text", "text": text});
-                self.push(
-                    "response.reasoning_summary_text.done",
-                    json!({"item_id": id, "output_index": output_index, "summary_index": 0,
-                           "text": text}),
-                );
-                self.push(
-                    "response.reasoning_summary_part.done",
-                    json!({"item_id": id, "output_index": output_index, "summary_index": 0,
-                           "part": part}),
-                );
-                let item = json!({"id": id, "type": "reasoning", "summary": [part]});
-                self.push(
-                    "response.output_item.done",
-                    json!({"output_index": output_index, "item": item}),
-                );
-                self.output.push(item);
-            }
-        }
+        let Some(Open {
+            kind,
+            output_index,
+            id,
+            text,
+        }) = self.open.take()
+        else {
+            return;
+        };
+        let part = kind.part(&text);
+        self.push(
+            &format!("{}.done", kind.text_events()),
+            kind.of_text(&id, output_index, json!({"text": text})),
+        );
+        self.push(
+            &format!("{}.done", kind.part_events()),
+            kind.in_part(&id, output_index, json!({"part": part})),
+        );
+        let item = kind.item(&id, "completed", vec![part]);
+        self.push(
+            "response.output_item.done",
+            json!({"output_index": output_index, "item": item}),
+        );
+        self.output.push(item);
     }
 }
 
-/// A whole normal answer of one text.
-pub fn text(text: &str) -> Reply {
-    Script::new().text(text).stop().reply()
-}
+script_calls!();
 
-/// A whole answer asking for one call of `name` with call id `id` and `arguments`.
-pub fn tool_call(id: &str, name: &str, arguments: &str) -> Reply {
-    Script::new()
-        .tool_call(id, name, &[arguments])
-        .tool_stop()
-        .reply()
-}
-
-/// The format's JSON error body, for [`Reply::Status`]: `{"error": {message, type, param,
+/// The format's JSON error body, for [`Reply::Status`](super::Reply::Status): `{"error": {message, type, param,
 /// code}}` with `kind` as both type and code.
 pub fn error_body(kind: &str, message: &str) -> String {
     json!({"error": {"message": message, "type": kind, "param": null, "code": kind}}).to_string()

@@ -3,8 +3,8 @@
 use lineage_log::{
     ApprovalPolicy, AssistantChunk, AssistantMessage, CallId, Chain, ContentBlock, Custom,
     DescriptorMode, Encoder, Event, EventBody, EventKind, InboxSpliced, InboxTarget, Message,
-    MessageId, MessageSource, Opaque, PolicySource, Role, SandboxMode, SessionId, SessionLineage,
-    StepEnd, StepNo, StepStart, StreamChunk, SubagentDescriptor, TOOL_NOT_STARTED, Text, ToolCall,
+    MessageId, MessageSource, Opaque, PolicySource, Role, SessionId, SessionLineage, StepEnd,
+    StepNo, StepStart, StreamChunk, SubagentDescriptor, TOOL_NOT_STARTED, Text, ToolCall,
     ToolError, ToolFilter, ToolResult, TurnEnd, TurnEndReason, TurnNo, TurnStart,
 };
 use proptest::collection::vec;
@@ -415,9 +415,10 @@ impl Machine {
                 self.push(rng, body);
             }
             Action::Custom => {
-                let type_name = *rng
-                    .pick(&["todo/write", "plan/mode", "hook/invoked", "session/title"])
-                    .unwrap_or(&"todo/write");
+                let type_name = one_of(
+                    rng,
+                    &["todo/write", "plan/mode", "hook/invoked", "session/title"],
+                );
                 let payload = format!(r#"{{"{}":{}}}"#, word(rng), rng.below(1000));
                 let body = EventBody::from(Custom {
                     type_name: Text::from(type_name),
@@ -427,23 +428,13 @@ impl Machine {
                 self.push(rng, body);
             }
             Action::Approval => {
-                let policy = *rng
-                    .pick(&[ApprovalPolicy::NEVER, "on-request", "untrusted"])
-                    .unwrap_or(&"never");
-                let body = EventBody::from(ApprovalPolicy {
-                    policy: Text::from(policy),
-                    source: policy_source(rng),
-                });
+                let policy = one_of(rng, &[ApprovalPolicy::NEVER, "on-request", "untrusted"]);
+                let body = ev::approval(policy, policy_source(rng));
                 self.push(rng, body);
             }
             Action::Sandbox => {
-                let mode = *rng
-                    .pick(&["read-only", "workspace-write", "danger-full-access"])
-                    .unwrap_or(&"read-only");
-                let body = EventBody::from(SandboxMode {
-                    mode: Text::from(mode),
-                    source: policy_source(rng),
-                });
+                let mode = one_of(rng, &["read-only", "workspace-write", "danger-full-access"]);
+                let body = ev::sandbox(mode, policy_source(rng));
                 self.push(rng, body);
             }
             Action::Descriptor => {
@@ -518,9 +509,7 @@ impl Machine {
                     }
                     for _ in 0..rng.below(3) {
                         let id = self.new_call();
-                        let name = *rng
-                            .pick(&["read_file", "grep", "run_shell"])
-                            .unwrap_or(&"grep");
+                        let name = one_of(rng, &["read_file", "grep", "run_shell"]);
                         let arguments = format!(r#"{{"path":"src/{}.rs"}}"#, word(rng));
                         content.push(ev::call_block(id.as_str(), name, &arguments));
                         self.asked.push(id);
@@ -602,6 +591,11 @@ impl Machine {
         });
         self.push(rng, body);
     }
+}
+
+/// One of `words`, which is never empty.
+fn one_of(rng: &mut SplitMix64, words: &[&'static str]) -> &'static str {
+    rng.pick(words).copied().expect("a choice among words")
 }
 
 fn policy_source(rng: &mut SplitMix64) -> PolicySource {

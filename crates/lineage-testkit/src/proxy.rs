@@ -80,6 +80,21 @@ impl Proxy {
     }
 }
 
+/// Copies what `from` sends to `to`, each chunk read only if `pass` lets it through, until either
+/// side closes or fails, or `pass` stops it.
+fn pump(mut from: TcpStream, mut to: TcpStream, mut pass: impl FnMut(&[u8]) -> bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if !pass(&buf[..n]) || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+}
+
 /// Pumps one connection both ways on two threads.
 fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     let (Ok(client_in), Ok(server_in), Ok(client_end), Ok(server_end)) = (
@@ -98,16 +113,9 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         let _ = ends.1.shutdown(Shutdown::Both);
     };
     let upstream = {
-        let (lose_answer, ends, mut server) = (lose_answer.clone(), ends.clone(), server);
+        let (lose_answer, ends) = (lose_answer.clone(), ends.clone());
         move || {
-            let mut client = client_in;
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match client.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let chunk = &buf[..n];
+            pump(client_in, server, |chunk| {
                 let cut = {
                     let mut armed = control.armed.lock().unwrap_or_else(|p| p.into_inner());
                     let hit = armed
@@ -118,7 +126,7 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                 match cut {
                     Some(Cut::Before(_)) => {
                         control.cuts.fetch_add(1, Ordering::SeqCst);
-                        break;
+                        return false;
                     }
                     Some(Cut::AnswerTo(_)) => {
                         control.cuts.fetch_add(1, Ordering::SeqCst);
@@ -126,30 +134,14 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
                     }
                     None => {}
                 }
-                if server.write_all(chunk).is_err() {
-                    break;
-                }
-            }
+                true
+            });
             close(&ends);
         }
     };
     let downstream = move || {
-        let mut server = server_in;
-        let mut client = client;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match server.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if lose_answer.load(Ordering::SeqCst) {
-                // The server has answered the message: the client never hears it.
-                break;
-            }
-            if client.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
+        // Once the server has answered the message, the client never hears it.
+        pump(server_in, client, |_| !lose_answer.load(Ordering::SeqCst));
         close(&ends);
     };
     let _ = std::thread::Builder::new()

@@ -11,26 +11,36 @@ pub fn kinds(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(|e| e.kind().name()).collect()
 }
 
+/// What `pick` takes from the bodies of `events`, in log order.
+fn of_bodies<T>(events: &[Event], pick: impl FnMut(&EventBody) -> Option<T>) -> Vec<T> {
+    events.iter().map(|e| &e.body).filter_map(pick).collect()
+}
+
+/// The text blocks among `blocks`, in order, each as one string.
+fn texts(blocks: &[ContentBlock]) -> impl Iterator<Item = String> + '_ {
+    blocks.iter().filter_map(|b| match b {
+        ContentBlock::Text { text } => Some(text.to_string()),
+        _ => None,
+    })
+}
+
 /// The reasons of every `turn/end` in `events`, in log order.
 pub fn turn_ends(events: &[Event]) -> Vec<TurnEndReason> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TurnEnd(end) => Some(end.reason.clone()),
-            _ => None,
-        })
-        .collect()
+    of_bodies(events, |body| match body {
+        EventBody::TurnEnd(end) => Some(end.reason.clone()),
+        _ => None,
+    })
 }
 
 /// The settlement notices that entered the inbox in `events` (`inbox/spliced` insertions of
 /// `subagent-settled` messages), once per insertion, in log order.
 pub fn settled_notices(events: &[Event]) -> Vec<Message> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
-            _ => None,
-        })
+    let inserted = of_bodies(events, |body| match body {
+        EventBody::InboxSpliced(s) => Some(s.inserted.clone()),
+        _ => None,
+    });
+    inserted
+        .into_iter()
         .flatten()
         .filter(|m| matches!(m.source, MessageSource::SubagentSettled { .. }))
         .collect()
@@ -46,24 +56,18 @@ pub fn notice_sender(notice: &Message) -> SessionId {
 
 /// The texts of the user messages that entered the history (`user/message` events), in order.
 pub fn user_texts(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::UserMessage(m) => Some(m.text()),
-            _ => None,
-        })
-        .collect()
+    of_bodies(events, |body| match body {
+        EventBody::UserMessage(m) => Some(m.text()),
+        _ => None,
+    })
 }
 
 /// The texts of the assistant messages (`assistant/message` events), in order.
 pub fn assistant_texts(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::AssistantMessage(m) => Some(m.message.text()),
-            _ => None,
-        })
-        .collect()
+    of_bodies(events, |body| match body {
+        EventBody::AssistantMessage(m) => Some(m.message.text()),
+        _ => None,
+    })
 }
 
 /// One tool result: the call it answers, its text, whether it failed and its error code.
@@ -94,13 +98,7 @@ pub fn tool_answers(events: &[Event]) -> Vec<Answer> {
                     },
                 ] => Some(Answer {
                     call: tool_call_id.to_string(),
-                    text: content
-                        .iter()
-                        .filter_map(|b| match b {
-                            ContentBlock::Text { text } => Some(text.to_string()),
-                            _ => None,
-                        })
-                        .collect(),
+                    text: texts(content).collect(),
                     is_error: *is_error,
                     code: r.error.as_ref().map(|e| e.code.to_string()),
                 }),
@@ -140,14 +138,7 @@ pub fn assert_balanced(events: &[Event]) {
 
 /// The text blocks of `message`, in order, each as one string (other blocks are skipped).
 pub fn text_blocks(message: &Message) -> Vec<String> {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.to_string()),
-            _ => None,
-        })
-        .collect()
+    texts(&message.content).collect()
 }
 
 /// The text blocks of `message` joined with newlines, so that text from different blocks never

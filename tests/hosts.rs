@@ -35,20 +35,57 @@ fn host(url: &str, router: &Arc<Router>) -> Host {
     Host::open(std::path::Path::new(url), router.clone()).expect("the host opens the database")
 }
 
-/// The fencing tokens of the `lineage.agent/lease` records in `events`, in log order, with the
-/// holder each names.
-fn tenures(events: &[Event]) -> Vec<(String, u64)> {
+/// A new lead on `host`, with no tools of its own.
+async fn fresh_lead(host: &Host) -> Arc<lineage::agent::Agent> {
+    host.agents
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap()
+}
+
+/// Asserts that every session of `store` verifies without a problem.
+fn assert_verifies(store: &Store) {
+    assert!(
+        store
+            .verify()
+            .unwrap()
+            .sessions
+            .iter()
+            .all(|s| s.problems.is_empty())
+    );
+}
+
+/// The messages `event` splices into an inbox: none unless it is an `inbox/spliced`.
+fn spliced_in(event: &Event) -> &[Message] {
+    match &event.body {
+        EventBody::InboxSpliced(s) => &s.inserted,
+        _ => &[],
+    }
+}
+
+/// The payloads of the custom records of type `type_name` in `events`, in log order.
+fn custom_payloads(events: &[Event], type_name: &str) -> Vec<serde_json::Value> {
     events
         .iter()
         .filter_map(|e| match &e.body {
-            EventBody::Custom(c) if c.type_name.as_str() == LEASE_EVENT => {
-                let v: serde_json::Value = serde_json::from_str(c.payload.as_str()).unwrap();
-                Some((
-                    v["holder"].as_str().unwrap().to_owned(),
-                    v["fence"].as_u64().unwrap(),
-                ))
+            EventBody::Custom(c) if c.type_name.as_str() == type_name => {
+                Some(serde_json::from_str(c.payload.as_str()).unwrap())
             }
             _ => None,
+        })
+        .collect()
+}
+
+/// The fencing tokens of the `lineage.agent/lease` records in `events`, in log order, with the
+/// holder each names.
+fn tenures(events: &[Event]) -> Vec<(String, u64)> {
+    custom_payloads(events, LEASE_EVENT)
+        .iter()
+        .map(|v| {
+            (
+                v["holder"].as_str().unwrap().to_owned(),
+                v["fence"].as_u64().unwrap(),
+            )
         })
         .collect()
 }
@@ -68,11 +105,7 @@ async fn a_host_whose_session_was_taken_over_stops_its_agent_and_writes_nothing_
     router.script(PARENT, [Response::text("first answer, from host A")]);
     let a = host(&url, &router);
     let mut a_events = a.agents.subscribe();
-    let lead = a
-        .agents
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
+    let lead = fresh_lead(&a).await;
     let id = lead.id();
     a.run(&lead, "first question").await.unwrap();
 
@@ -118,14 +151,7 @@ async fn a_host_whose_session_was_taken_over_stops_its_agent_and_writes_nothing_
     router.script(PARENT, [Response::text("second answer, from host B")]);
     let outcome = b.run(&on_b, "second question").await.unwrap();
     assert_eq!(outcome.text(), "second answer, from host B");
-    assert!(
-        b.store
-            .verify()
-            .unwrap()
-            .sessions
-            .iter()
-            .all(|s| s.problems.is_empty())
-    );
+    assert_verifies(&b.store);
 }
 
 /// Sends `text` from `lead` to its child `child`, as a coordinating parent does.
@@ -147,14 +173,19 @@ async fn follow_up(
 }
 
 /// Polls `done` until it holds; the hosts work on their own threads and the database's clock.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+async fn eventually(what: &str, done: impl FnMut() -> bool) {
+    poll(Duration::from_millis(10), done, || {
+        format!("{what} did not happen within 30 s")
+    })
+    .await;
+}
+
+/// Polls `done` every `every` until it holds; fails saying `failure` once 30 s have passed.
+async fn poll(every: Duration, mut done: impl FnMut() -> bool, failure: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(Instant::now() < deadline, "{}", failure());
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -177,11 +208,7 @@ async fn a_child_resident_on_one_host_takes_a_follow_up_from_its_parent_on_anoth
 
     // Host A: the lead starts a continuable child, which stays resident on A, mid-turn.
     let a = host(&url, &router);
-    let lead = a
-        .agents
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
+    let lead = fresh_lead(&a).await;
     let lead_id = lead.id();
     let started = a
         .subagents
@@ -205,7 +232,9 @@ async fn a_child_resident_on_one_host_takes_a_follow_up_from_its_parent_on_anoth
     eprintln!("follow-up across hosts accepted in {latency:?}");
     let on_a = a.agents.get(child).expect("the child is still on A");
     assert!(on_a.with_events(|events| {
-        events.iter().any(|e| matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| m.id == id)))
+        events
+            .iter()
+            .any(|e| spliced_in(e).iter().any(|m| m.id == id))
     }));
 
     // The child runs both turns on A, settles, and its notice reaches the lead on B.
@@ -233,14 +262,7 @@ async fn a_child_resident_on_one_host_takes_a_follow_up_from_its_parent_on_anoth
         b.store.mail_for(&[child, lead_id]).unwrap().is_empty(),
         "no mail is left"
     );
-    assert!(
-        b.store
-            .verify()
-            .unwrap()
-            .sessions
-            .iter()
-            .all(|s| s.problems.is_empty())
-    );
+    assert_verifies(&b.store);
 }
 
 // ----- host processes ---------------------------------------------------------------------------
@@ -295,6 +317,15 @@ fn host_lead_spec() -> lineage::agent::AgentSpec {
         }
     });
     parent_spec(vec![pause])
+}
+
+/// A new database for a multi-process test, or `None` when this process is one of its host
+/// processes, which has then been served.
+async fn database_unless_host() -> Option<String> {
+    if serve_if_host().await {
+        return None;
+    }
+    Some(postgres().create_database())
 }
 
 /// If this process is a host process (see [`HostProcess`]), serves it and returns `true`.
@@ -370,10 +401,10 @@ async fn serve_host(url: &str, ttl: Duration) {
                     .expect("the child starts");
                 report_line(&format!("child {}", started.child));
             }
-            ["resume", lead] => match host.resume(id(lead), host_lead_spec()).await {
-                Ok(_) => report_line(&format!("resumed {lead}")),
-                Err(e) => report_line(&format!("refused {lead} {e}")),
-            },
+            ["resume", lead] => {
+                let resumed = host.resume(id(lead), host_lead_spec()).await;
+                report_done(resumed.map(drop), format!("resumed {lead}"), lead);
+            }
             ["interrupt", lead, child] => {
                 let sent = host
                     .agents
@@ -384,10 +415,7 @@ async fn serve_host(url: &str, ttl: Duration) {
                             .interrupt(id(child), &Authority::Ancestor(lead))
                             .map_err(|e| e.to_string())
                     });
-                match sent {
-                    Ok(()) => report_line(&format!("interrupted {child}")),
-                    Err(e) => report_line(&format!("refused {child} {e}")),
-                }
+                report_done(sent, format!("interrupted {child}"), child);
             }
             ["dispose", agent] => {
                 host.agents.dispose(id(agent)).await;
@@ -404,10 +432,7 @@ async fn serve_host(url: &str, ttl: Duration) {
                             .followup(Message::user_text(text, MessageSource::User))
                             .map_err(|e| e.to_string())
                     });
-                match sent {
-                    Ok(()) => report_line(&format!("prompted {lead}")),
-                    Err(e) => report_line(&format!("refused {lead} {e}")),
-                }
+                report_done(sent, format!("prompted {lead}"), lead);
             }
             ["followup", lead, child, token] => {
                 let (host, lead, child, token) =
@@ -431,6 +456,14 @@ async fn serve_host(url: &str, ttl: Duration) {
             }
             _ => report_line(&format!("unknown command {line:?}")),
         }
+    }
+}
+
+/// Reports `done` when a command on `subject` went through, else that it was refused and why.
+fn report_done<E: std::fmt::Display>(result: Result<(), E>, done: String, subject: &str) {
+    match result {
+        Ok(()) => report_line(&done),
+        Err(e) => report_line(&format!("refused {subject} {e}")),
     }
 }
 
@@ -526,29 +559,30 @@ async fn until_free(store: &Store, session: SessionId) {
             .unwrap()
             .is_none_or(|lease| !lease.is_live())
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !free() {
-        assert!(
-            Instant::now() < deadline,
-            "the lease of {session} never ran out"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll(Duration::from_millis(20), free, || {
+        format!("the lease of {session} never ran out")
+    })
+    .await;
 }
 
-/// Host process A (the process `test` re-runs itself as) with a lead that started a child on
-/// `model` (`hang` or `relay`, so the child stays mid-turn and resident on A), then let the lead
-/// go: another host can take the lead over while the child stays with A. Returns A, the lead and
-/// the child.
-fn child_left_on_host_a(test: &str, url: &str, model: &str) -> (HostProcess, SessionId, SessionId) {
-    let mut a = HostProcess::start(test, url);
+/// In a new database, host process A (the process `test` re-runs itself as) with a lead that
+/// started a child on `model` (`hang` or `relay`, so the child stays mid-turn and resident on A),
+/// then let the lead go: another host can take the lead over while the child stays with A.
+/// Returns the database, A, the lead and the child; `None` when this process is a host process
+/// (served by then).
+async fn child_left_on_host_a(
+    test: &str,
+    model: &str,
+) -> Option<(String, HostProcess, SessionId, SessionId)> {
+    let url = database_unless_host().await?;
+    let mut a = HostProcess::start(test, &url);
     let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
     let child: SessionId = a
         .ask(&format!("start {lead} {model}"), "child ")
         .parse()
         .unwrap();
     a.ask(&format!("dispose {lead}"), &format!("gone {lead}"));
-    (a, lead, child)
+    Some((url, a, lead, child))
 }
 
 /// Host B, in this test's process: a store of its own on `url`, with the lease time of the host
@@ -568,11 +602,9 @@ const KILLED: &str = "a_host_killed_while_its_child_is_mid_turn_is_replaced_by_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_while_its_child_is_mid_turn_is_replaced_by_the_next_follow_up() {
-    if serve_if_host().await {
+    let Some((url, mut a, lead, child)) = child_left_on_host_a(KILLED, "hang").await else {
         return;
-    }
-    let url = postgres().create_database();
-    let (mut a, lead, child) = child_left_on_host_a(KILLED, &url, "hang");
+    };
 
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
@@ -615,10 +647,9 @@ const PAUSED: &str = "a_paused_host_whose_lease_was_taken_over_fails_its_next_wr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_host_whose_lease_was_taken_over_fails_its_next_write_and_stops() {
-    if serve_if_host().await {
+    let Some(url) = database_unless_host().await else {
         return;
-    }
-    let url = postgres().create_database();
+    };
     let mut a = HostProcess::start(PAUSED, &url);
     let lead: SessionId = a.ask("lead", "lead ").parse().unwrap();
     assert_eq!(
@@ -849,11 +880,7 @@ fn three_hosts_under_kills_and_moves_deliver_every_accepted_message_once() {
         let log = store.read_from(sent.child, 0).unwrap();
         let inserted: Vec<&Message> = log
             .iter()
-            .filter_map(|e| match &e.body {
-                EventBody::InboxSpliced(s) => Some(s.inserted.iter()),
-                _ => None,
-            })
-            .flatten()
+            .flat_map(spliced_in)
             .filter(|m| m.text() == *token)
             .collect();
         match &sent.answer {
@@ -930,11 +957,7 @@ async fn mail_that_cannot_be_delivered_is_discarded_with_an_event_in_its_recipie
     let url = postgres().create_database();
     let router = Arc::new(Router::default());
     let a = host(&url, &router);
-    let lead = a
-        .agents
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
+    let lead = fresh_lead(&a).await;
     let stranger = SessionId::new();
     let message = Message::user_text(
         "a follow-up for an agent that is no child",
@@ -960,20 +983,13 @@ async fn mail_that_cannot_be_delivered_is_discarded_with_an_event_in_its_recipie
         a.store.mail_for(&[lead.id()]).unwrap().is_empty()
     })
     .await;
-    let discarded: Vec<String> = stored(&url, lead.id())
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::Custom(c)
-                if c.type_name.as_str() == lineage::subagent::MAIL_DISCARDED_EVENT =>
-            {
-                let v: serde_json::Value = serde_json::from_str(c.payload.as_str()).unwrap();
-                assert_eq!(v["sender"], stranger.to_string());
-                assert!(!v["reason"].as_str().unwrap().is_empty());
-                Some(v["mail"].as_str().unwrap().to_owned())
-            }
-            _ => None,
-        })
-        .collect();
+    let events = stored(&url, lead.id());
+    let mut discarded = Vec::new();
+    for v in custom_payloads(&events, lineage::subagent::MAIL_DISCARDED_EVENT) {
+        assert_eq!(v["sender"], stranger.to_string());
+        assert!(!v["reason"].as_str().unwrap().is_empty());
+        discarded.push(v["mail"].as_str().unwrap().to_owned());
+    }
     assert_eq!(
         discarded, ids,
         "each piece is discarded once, with an event"
@@ -985,11 +1001,9 @@ const RESIDENT: &str = "a_child_resident_in_one_host_process_takes_a_follow_up_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_another() {
-    if serve_if_host().await {
+    let Some((url, _a, lead, child)) = child_left_on_host_a(RESIDENT, "hang").await else {
         return;
-    }
-    let url = postgres().create_database();
-    let (_a, lead, child) = child_left_on_host_a(RESIDENT, &url, "hang");
+    };
 
     let (b, lead_b) = host_b_taking(&url, Arc::new(Router::default()), lead).await;
     let mut latencies = Vec::new();
@@ -1002,7 +1016,7 @@ async fn a_child_resident_in_one_host_process_takes_a_follow_up_sent_from_anothe
         // A made it durable in the child's log before it took the mail out.
         let inserted = stored(&url, child)
             .iter()
-            .filter(|e| matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| m.id == id)))
+            .filter(|e| spliced_in(e).iter().any(|m| m.id == id))
             .count();
         assert_eq!(inserted, 1, "follow-up {n} is in the child's log once");
     }
@@ -1018,11 +1032,9 @@ const RELAYED: &str = "an_interrupt_a_report_and_a_notice_cross_hosts_by_mail";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_a_report_and_a_notice_cross_hosts_by_mail() {
-    if serve_if_host().await {
+    let Some((url, a, lead, child)) = child_left_on_host_a(RELAYED, "relay").await else {
         return;
-    }
-    let url = postgres().create_database();
-    let (a, lead, child) = child_left_on_host_a(RELAYED, &url, "relay");
+    };
     let router = Arc::new(Router::default());
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     let (b, lead_b) = host_b_taking(&url, router, lead).await;
@@ -1037,11 +1049,9 @@ async fn an_interrupt_a_report_and_a_notice_cross_hosts_by_mail() {
     follow_up(&b, &lead_b, child, "go on").await.unwrap();
     eventually("the report and the notice reach the lead on B", || {
         let events = lead_b.events();
-        let reported = events.iter().any(|e| {
-            matches!(&e.body, EventBody::InboxSpliced(s) if s.inserted.iter().any(|m| {
-                matches!(m.source, MessageSource::SubagentReport { sender } if sender == child)
-            }))
-        });
+        let reported = events.iter().flat_map(spliced_in).any(
+            |m| matches!(m.source, MessageSource::SubagentReport { sender } if sender == child),
+        );
         reported && !settled_notices(&events).is_empty()
     })
     .await;

@@ -317,35 +317,36 @@ fn compare(model: &Model, read: &BTreeMap<SessionId, Read>, out: &mut Outcome) {
             stored.len(),
             known.acknowledged
         );
-        // Each finding: its kind, whether its seqs count as lost, the seqs, what they are.
+        // Each finding: its kind, whether its seqs count as lost, the seqs, what they are, and
+        // what follows their list.
         let findings = [
             (
                 "lost",
                 true,
                 missing,
                 "acknowledged events are missing",
-                held,
+                &*held,
             ),
             (
                 "altered",
                 true,
                 altered,
                 "acknowledged events differ from what was written",
-                String::new(),
+                "",
             ),
             (
                 "altered",
                 false,
                 differs,
                 "stored events differ from what the writer admitted",
-                String::new(),
+                "",
             ),
             (
                 "unexpected",
                 false,
                 unwritten,
                 "stored events were never written by the writer",
-                String::new(),
+                "",
             ),
         ];
         for (kind, lost, found, what, more) in findings {

@@ -19,14 +19,15 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
-/// How long a call, or the slow calls of the last [`WINDOW`] together, may run before the watchdog
+/// How long a call, with the slow calls of its input before it, may run before the watchdog
 /// speaks: well under `fuzz/ci.sh`'s 30 s timeout, so the lines come before libFuzzer stops.
 pub const HANG_AFTER: Duration = Duration::from_secs(15);
 
 /// How long the store calls of one input may take before a target stops exploring it.
 pub const INPUT_BUDGET: Duration = Duration::from_secs(5);
 
-/// How far back finished slow calls count towards a hang.
+/// How far back finished slow calls count towards a hang, for a target that never marks where
+/// its inputs begin.
 const WINDOW: Duration = Duration::from_secs(30);
 
 /// A finished call this slow is remembered for the report.
@@ -35,7 +36,7 @@ const SLOW: Duration = Duration::from_millis(500);
 struct Watch {
     /// The call in progress: its name, when it began, and whether its hang was reported.
     current: Option<(String, Instant, bool)>,
-    /// Finished slow calls: name, time taken, when they ended.
+    /// This input's finished slow calls: name, time taken, when they ended.
     slow: VecDeque<(String, Duration, Instant)>,
     /// What this input's finished calls took, since [`begin_input`].
     input: Duration,
@@ -52,9 +53,12 @@ fn watch() -> std::sync::MutexGuard<'static, Watch> {
     WATCH.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Marks the start of an input: its store calls' time counts from zero.
+/// Marks the start of an input: its store calls' time counts from zero, and the slow calls of
+/// earlier inputs no longer count towards a hang.
 pub fn begin_input() {
-    watch().input = Duration::ZERO;
+    let mut watch = watch();
+    watch.input = Duration::ZERO;
+    watch.slow.clear();
 }
 
 /// Whether this input's store calls have taken [`INPUT_BUDGET`].

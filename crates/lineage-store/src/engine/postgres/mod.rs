@@ -1036,6 +1036,21 @@ impl AsRef<[u8]> for Column {
     }
 }
 
+impl PgView {
+    /// The sessions `statement` lists under `session`, as its one column of ids.
+    fn sessions_below(
+        &self,
+        session: SessionId,
+        statement: fn(&Statements) -> &Statement,
+    ) -> Result<Vec<SessionId>> {
+        let id = uuid_of(session);
+        let rows = self
+            .held
+            .query(|c| Box::pin(async move { c.client.query(statement(&c.st), &[&id]).await }))?;
+        rows.iter().map(|row| session_of(row, 0)).collect()
+    }
+}
+
 impl View for PgView {
     fn row(&self, session: SessionId) -> Result<Option<Bytes>> {
         let id = uuid_of(session);
@@ -1079,11 +1094,7 @@ impl View for PgView {
     }
 
     fn children(&self, parent: SessionId) -> Result<Vec<SessionId>> {
-        let id = uuid_of(parent);
-        let rows = self
-            .held
-            .query(|c| Box::pin(async move { c.client.query(&c.st.children, &[&id]).await }))?;
-        rows.iter().map(|row| session_of(row, 0)).collect()
+        self.sessions_below(parent, |st| &st.children)
     }
 
     fn child_index(&self) -> Result<Vec<(SessionId, SessionId)>> {
@@ -1096,11 +1107,7 @@ impl View for PgView {
     }
 
     fn descendants(&self, root: SessionId) -> Result<Vec<SessionId>> {
-        let id = uuid_of(root);
-        let rows = self
-            .held
-            .query(|c| Box::pin(async move { c.client.query(&c.st.descendants, &[&id]).await }))?;
-        rows.iter().map(|row| session_of(row, 0)).collect()
+        self.sessions_below(root, |st| &st.descendants)
     }
 }
 

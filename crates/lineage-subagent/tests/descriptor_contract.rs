@@ -10,7 +10,7 @@ use lineage_log::{
     SubagentDescriptor, Text, ToolFilter, with_log_facts,
 };
 use lineage_subagent::{DiagnosticReason, ErrorCode, ListingRow};
-use lineage_testkit::continuation::fresh_lineage;
+use lineage_testkit::ev::fresh_lineage;
 use lineage_testkit::subagent::*;
 
 fn labelled(label: &str) -> SubagentDescriptor {

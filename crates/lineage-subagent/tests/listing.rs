@@ -8,7 +8,7 @@ use lineage_log::{
 };
 use lineage_subagent::tools::ListAgentsTool;
 use lineage_subagent::{ErrorCode, ListingRow};
-use lineage_testkit::continuation::fresh_lineage;
+use lineage_testkit::ev::fresh_lineage;
 use lineage_testkit::subagent::*;
 use serde_json::json;
 

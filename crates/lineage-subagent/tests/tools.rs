@@ -25,6 +25,7 @@ use lineage_subagent::{
     ListingRow, ReportDelivery, SetupId, SpawnProvider, StartRequest, SubagentError,
 };
 use lineage_testkit::continuation::*;
+use lineage_testkit::ev::fresh_lineage;
 use lineage_testkit::subagent::*;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{self};

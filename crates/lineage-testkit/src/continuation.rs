@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lineage_agent::{Agent, Agents, Cancellation, CreateAgent, Gate, Response, ScriptedModel};
-use lineage_log::{ContentBlock, Digest, MessageId, MessageSource, SessionId, SessionLineage};
+use lineage_log::{ContentBlock, MessageId, MessageSource, SessionId};
 use lineage_subagent::{
     ContinuableStarted, SpawnProvider, StartRequest, SubagentError, SubagentRuntime,
 };
@@ -37,17 +37,6 @@ pub async fn one_shot_run(runtime: &SubagentRuntime, start: StartRequest) -> Ses
     run.result().await.expect("the run has a result");
     run.dispose().await.expect("the run is disposed");
     run.id()
-}
-
-/// The lineage of a child of `parent` at delegation depth `depth` that inherited nothing (a
-/// spawn child's), for tests that store a child's log themselves.
-pub fn fresh_lineage(parent: SessionId, depth: u32) -> SessionLineage {
-    SessionLineage {
-        parent,
-        seed_len: 0,
-        seed_digest: Digest::of_empty(),
-        delegation_depth: depth,
-    }
 }
 
 /// Sends `text` to `child` as a coordinator message of `parent`, with a cancellation nobody

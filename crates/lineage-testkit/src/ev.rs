@@ -40,22 +40,28 @@ pub fn fork_spec(
     }
 }
 
-/// A spawned child of `parent`, one level down and seeded with nothing: `header` made its
-/// child's, and the `session/lineage` event its log starts with.
-pub fn spawned_child(header: Header, parent: SessionId) -> (Header, EventBody) {
-    let header = Header {
-        parent: Some(parent),
-        seed_len: 0,
-        seed_digest: Some(Digest::of_empty()),
-        delegation_depth: 1,
-        origin: Some(Origin::Subagent),
-        ..header
-    };
-    let lineage = SessionLineage {
+/// The lineage of a child of `parent` at delegation depth `depth` that inherited nothing (a
+/// spawn child's), for tests that store a child's log themselves.
+pub fn fresh_lineage(parent: SessionId, depth: u32) -> SessionLineage {
+    SessionLineage {
         parent,
         seed_len: 0,
         seed_digest: Digest::of_empty(),
-        delegation_depth: 1,
+        delegation_depth: depth,
+    }
+}
+
+/// A spawned child of `parent`, one level down and seeded with nothing: `header` made its
+/// child's, and the `session/lineage` event its log starts with.
+pub fn spawned_child(header: Header, parent: SessionId) -> (Header, EventBody) {
+    let lineage = fresh_lineage(parent, 1);
+    let header = Header {
+        parent: Some(parent),
+        seed_len: lineage.seed_len,
+        seed_digest: Some(lineage.seed_digest),
+        delegation_depth: lineage.delegation_depth,
+        origin: Some(Origin::Subagent),
+        ..header
     };
     (header, lineage.into())
 }

@@ -17,6 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use lineage_fuzz::backend::SharedMemory;
 use lineage_fuzz::logs::{SESSION, Source, accepted_log};
 use lineage_fuzz::panics::{contain_engine_panics, store_call, store_drop};
+use lineage_fuzz::watchdog;
 use lineage_log::{
     Encoder, Event, EventBody, Header, Structure, TurnEndReason, check_append, check_seed,
     decode_records, fold_header, interrupted_turn_closers, is_balanced,
@@ -25,6 +26,7 @@ use lineage_store::{Store, StoreOptions};
 use lineage_testkit::SplitMix64;
 
 fuzz_target!(init: contain_engine_panics(), |data: &[u8]| {
+    watchdog::begin_input();
     let mut u = Unstructured::new(data);
     let Ok(source) = u.arbitrary::<u8>() else { return };
     let source = [Source::Records, Source::Machine, Source::Events][usize::from(source % 3)];

@@ -4,8 +4,8 @@
 //! libFuzzer stops an input that runs past `-timeout` and saves it, but says nothing about where it
 //! was, and a store file that hangs is too large to be sure of recreating from a truncated log. So
 //! every store call ([`crate::panics::store_call`] and its kin) is timed here, and a thread of its
-//! own prints, once per hang, the call that has not returned after [`HANG_AFTER`] and the slow
-//! calls that came before it. The lines start with `lineage-fuzz: hang:` so `fuzz/ci.sh` can put
+//! own prints, once per hang, the call in progress when its input's store calls have run for
+//! [`HANG_AFTER`], and the slow calls of that input before it. The lines start with `lineage-fuzz: hang:` so `fuzz/ci.sh` can put
 //! them in its summary.
 //!
 //! Slow is not hung. A damaged page reference can name a page of up to 4 GiB, and the storage
@@ -15,36 +15,31 @@
 //! [`INPUT_BUDGET`] in store calls, so the fuzzer moves on instead of timing out; a call that never
 //! returns is still a hang.
 
-use std::collections::VecDeque;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
-/// How long a call, with the slow calls of its input before it, may run before the watchdog
+/// How long an input's store calls, the one in progress included, may run before the watchdog
 /// speaks: well under `fuzz/ci.sh`'s 30 s timeout, so the lines come before libFuzzer stops.
 pub const HANG_AFTER: Duration = Duration::from_secs(15);
 
 /// How long the store calls of one input may take before a target stops exploring it.
 pub const INPUT_BUDGET: Duration = Duration::from_secs(5);
 
-/// How far back finished slow calls count towards a hang, for a target that never marks where
-/// its inputs begin.
-const WINDOW: Duration = Duration::from_secs(30);
-
-/// A finished call this slow is remembered for the report.
+/// A finished call this slow is named in the report.
 const SLOW: Duration = Duration::from_millis(500);
 
 struct Watch {
     /// The call in progress: its name, when it began, and whether its hang was reported.
     current: Option<(String, Instant, bool)>,
-    /// This input's finished slow calls: name, time taken, when they ended.
-    slow: VecDeque<(String, Duration, Instant)>,
-    /// What this input's finished calls took, since [`begin_input`].
+    /// This input's finished slow calls: name and time taken.
+    slow: Vec<(String, Duration)>,
+    /// What this input's finished calls took.
     input: Duration,
 }
 
 static WATCH: Mutex<Watch> = Mutex::new(Watch {
     current: None,
-    slow: VecDeque::new(),
+    slow: Vec::new(),
     input: Duration::ZERO,
 });
 static START: Once = Once::new();
@@ -53,8 +48,8 @@ fn watch() -> std::sync::MutexGuard<'static, Watch> {
     WATCH.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Marks the start of an input: its store calls' time counts from zero, and the slow calls of
-/// earlier inputs no longer count towards a hang.
+/// Marks the start of an input (every target that makes store calls calls it first): its store
+/// calls' time counts from zero.
 pub fn begin_input() {
     let mut watch = watch();
     watch.input = Duration::ZERO;
@@ -80,51 +75,43 @@ pub fn begin(what: &str) {
 /// Marks the end of the call in progress.
 pub fn end() {
     let mut watch = watch();
-    let now = Instant::now();
     if let Some((what, began, _)) = watch.current.take() {
-        let took = now - began;
+        let took = began.elapsed();
         watch.input += took;
         if took >= SLOW {
-            watch.slow.push_back((what, took, now));
+            watch.slow.push((what, took));
         }
-    }
-    while watch
-        .slow
-        .front()
-        .is_some_and(|(_, _, ended)| now - *ended > WINDOW)
-    {
-        watch.slow.pop_front();
     }
 }
 
-/// Wakes every second and reports a call that has run for [`HANG_AFTER`], counting the slow calls
-/// just before it.
+/// Wakes every second and reports, once, a call whose input has run its store calls for
+/// [`HANG_AFTER`].
 fn patrol() {
     loop {
         std::thread::sleep(Duration::from_secs(1));
         let mut watch = watch();
-        let now = Instant::now();
-        let Watch { current, slow, .. } = &mut *watch;
+        let Watch {
+            current,
+            slow,
+            input,
+        } = &mut *watch;
         let Some((what, began, reported)) = current else {
             continue;
         };
-        let before: Duration = slow
-            .iter()
-            .filter(|(_, _, ended)| now - *ended <= WINDOW)
-            .map(|(_, took, _)| *took)
-            .sum();
-        let running = now - *began;
-        if *reported || running + before < HANG_AFTER {
+        let running = began.elapsed();
+        if *reported || running + *input < HANG_AFTER {
             continue;
         }
         *reported = true;
         let earlier: Vec<String> = slow
             .iter()
-            .map(|(what, took, _)| format!("{what} {:.1} s", took.as_secs_f64()))
+            .map(|(what, took)| format!("{what} {:.1} s", took.as_secs_f64()))
             .collect();
         eprintln!(
-            "lineage-fuzz: hang: the store call `{what}` has run {:.1} s; slow calls before it: {}",
+            "lineage-fuzz: hang: the store call `{what}` has run {:.1} s, after {:.1} s of this \
+             input's calls; the slow ones: {}",
             running.as_secs_f64(),
+            input.as_secs_f64(),
             if earlier.is_empty() {
                 "none".to_owned()
             } else {

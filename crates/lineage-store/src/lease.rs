@@ -199,6 +199,19 @@ impl Store {
         self.coordinate(|c| c.take_mail(ids))
     }
 
+    /// Calls `wake` whenever the mailbox may have changed: mail posted for any recipient, or
+    /// taken out, by any host (on PostgreSQL, by `LISTEN`/`NOTIFY`; see
+    /// [`StoreOptions::mail_push`](crate::StoreOptions::mail_push)). It runs on the store's own
+    /// thread and must return at once (set a flag, notify a task). Says whether wake-ups come:
+    /// with `false` (an embedded file, or pushes turned off) the caller only polls. A wake-up
+    /// says only "look again", and one may be missed while the store reconnects, so a watcher
+    /// polls slowly as well.
+    pub fn watch_mail(&self, wake: impl Fn() + Send + Sync + 'static) -> bool {
+        self.inner
+            .coordination
+            .watch_mail(std::sync::Arc::new(wake))
+    }
+
     /// One call of the coordination's, its panic contained and its failure the store's.
     pub(crate) fn coordinate<T>(
         &self,

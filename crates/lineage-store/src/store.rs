@@ -69,6 +69,12 @@ pub struct StoreOptions {
     /// day; it is renewed every third of that while held. A host that dies is replaced this long
     /// after its last renewal at most.
     pub lease_ttl: Duration,
+    /// Whether the hosts of a shared store wake each other when mail is posted or taken
+    /// (PostgreSQL's `LISTEN`/`NOTIFY`, about a round trip) instead of finding it by polling
+    /// (every 50 ms). On by default; turn it off behind a connection pooler in transaction
+    /// mode, which does not carry notifications (a server that refuses `LISTEN` is polled
+    /// anyway).
+    pub mail_push: bool,
 }
 
 impl Default for StoreOptions {
@@ -79,6 +85,7 @@ impl Default for StoreOptions {
             block_bytes: DEFAULT_BLOCK_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             lease_ttl: DEFAULT_LEASE_TTL,
+            mail_push: true,
         }
     }
 }
@@ -251,8 +258,9 @@ impl Store {
         #[cfg(feature = "postgres")]
         {
             guard(|| {
-                let (engine, store_id, format) =
+                let (mut engine, store_id, format) =
                     crate::engine::postgres::PgEngine::open(url, false)?;
+                engine.mail_push = options.mail_push;
                 writable_format(&crate::engine::display_location(Path::new(url)), format)?;
                 let engine = Arc::new(engine);
                 Self::start_writer(engine.clone(), engine, None, store_id, options)

@@ -289,7 +289,18 @@ pub(crate) trait Coordination: Send + Sync {
 
     /// Removes mail unless a host has claimed it; says whether it was removed.
     fn withdraw_mail(&self, id: uuid::Uuid) -> std::result::Result<bool, EngineError>;
+
+    /// Calls `wake` whenever the mailbox may have changed (mail posted or taken by any host),
+    /// from the engine's own thread, so it must return at once. Says whether wake-ups come at
+    /// all; a watcher told `false` only polls.
+    fn watch_mail(&self, wake: MailWake) -> bool {
+        let _ = wake;
+        false
+    }
 }
+
+/// What a mailbox watcher is called with nothing: the mailbox may have changed, look again.
+pub type MailWake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// A message in a shared store's mailbox, for the host that keeps its recipient resident: how
 /// hosts deliver to sessions another host holds. The store keeps it opaque.

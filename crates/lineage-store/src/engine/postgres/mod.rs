@@ -32,12 +32,15 @@ use uuid::Uuid;
 
 use crate::engine::{
     Acquired, Blocks, Bytes, CommitError, Committed, Coordination, Deletion, Engine, LeaseState,
-    Mail, Removal, Removed, SessionWrite, View, Written, block_count, redact, round_in_store,
+    Mail, MailWake, Removal, Removed, SessionWrite, View, Written, block_count, redact,
+    round_in_store,
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
 use crate::store::STORE_FORMAT_VERSION;
 use crate::{Result, StoreError};
+
+mod notify;
 
 const CREATE: &str = "
 CREATE TABLE lineage_meta (name text PRIMARY KEY, value bytea NOT NULL);
@@ -361,13 +364,34 @@ impl Shared {
         self.prepare(client)
     }
 
-    fn connect_bare(&self) -> std::result::Result<Client, EngineError> {
+    /// Makes a connection whose messages the caller polls (the client answers only while its
+    /// connection is polled).
+    fn connect_raw(
+        &self,
+    ) -> impl Future<
+        Output = std::result::Result<
+            (
+                Client,
+                tokio_postgres::Connection<
+                    tokio_postgres::Socket,
+                    tokio_postgres::tls::NoTlsStream,
+                >,
+            ),
+            tokio_postgres::Error,
+        >,
+    >
+    + Send
+    + 'static
+    + use<> {
         let url = self.url.clone();
+        async move { tokio_postgres::connect(&url, NoTls).await }
+    }
+
+    fn connect_bare(&self) -> std::result::Result<Client, EngineError> {
+        let connecting = self.connect_raw();
         let handle = self.runtime.handle.clone();
         self.runtime.run(async move {
-            let (client, connection) = tokio_postgres::connect(&url, NoTls)
-                .await
-                .map_err(pg_error)?;
+            let (client, connection) = connecting.await.map_err(pg_error)?;
             handle.spawn(async move {
                 if let Err(error) = connection.await {
                     tracing::debug!(%error, "a PostgreSQL connection ended");
@@ -460,6 +484,9 @@ pub(crate) struct PgEngine {
     /// The id this store holds leases under: new at every open, so a restarted host fences off
     /// whatever its predecessor still had in flight.
     holder: Uuid,
+    /// Whether posts and takes notify the other hosts, and watchers listen (see `notify`).
+    pub(crate) mail_push: bool,
+    listener: notify::Listener,
 }
 
 /// A lease from the columns `holder, fence, milliseconds left` starting at `at` (`None` when the
@@ -520,6 +547,8 @@ impl PgEngine {
                 shared,
                 read_only,
                 holder: Uuid::now_v7(),
+                mail_push: true,
+                listener: notify::Listener::default(),
             },
             store_id,
             format,
@@ -863,10 +892,11 @@ impl Coordination for PgEngine {
             uuid_of(mail.sender),
             mail.body.clone(),
         );
+        let push = self.mail_push;
         let posted = self.on_idle(move |c| async move {
-            c.client
-                .execute(&c.st.post, &[&id, &recipient, &sender, &body])
-                .await
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&id, &recipient, &sender, &body];
+            notified(push, &c.client, c.client.execute(&c.st.post, &params)).await
         })?;
         Ok(posted == 1)
     }
@@ -890,8 +920,10 @@ impl Coordination for PgEngine {
 
     fn take_mail(&self, ids: &[Uuid]) -> std::result::Result<Vec<Uuid>, EngineError> {
         let ids = ids.to_vec();
-        let rows =
-            self.on_idle(move |c| async move { c.client.query(&c.st.take_mail, &[&ids]).await })?;
+        let push = self.mail_push;
+        let rows = self.on_idle(move |c| async move {
+            notified(push, &c.client, c.client.query(&c.st.take_mail, &[&ids])).await
+        })?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
@@ -915,6 +947,32 @@ impl Coordination for PgEngine {
             self.on_idle(move |c| async move { c.client.query_opt(&c.st.lease, &[&id]).await })?;
         Ok(row.and_then(|row| lease_of(&row, 0)))
     }
+
+    fn watch_mail(&self, wake: MailWake) -> bool {
+        if self.mail_push {
+            self.listener.watch(&self.shared, wake);
+        }
+        self.mail_push
+    }
+}
+
+/// Runs a change of the mailbox, followed (when `push`) by the notification that wakes the hosts
+/// watching it: pipelined, one round trip, and sent only after the change committed (each is a
+/// transaction of its own), so a woken host sees the change. A failed notification costs the
+/// watchers only their wake-up (they poll too), never the change.
+async fn notified<T>(
+    push: bool,
+    client: &Client,
+    change: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> std::result::Result<T, tokio_postgres::Error> {
+    if !push {
+        return change.await;
+    }
+    let (changed, notified) = tokio::join!(change, client.batch_execute(notify::NOTIFY));
+    if let Err(error) = notified {
+        tracing::debug!(%error, "notifying the mailbox's watchers failed");
+    }
+    changed
 }
 
 impl PgEngine {

@@ -8,6 +8,8 @@
 //!   same encoded records Lineage stores.
 //! - [`limits`]: (a) decode and digest the same records from one in-memory buffer; (b) the floor:
 //!   read the bytes from the page cache, hash them in bulk and split the frames without decoding.
+//! - [`hosts`]: a follow-up accepted across two hosts of a PostgreSQL store, woken by the
+//!   database's notifications against polling alone.
 //! - [`measure`]: timing and peak resident memory.
 //! - [`report`]: comparison rows, the table and the JSON both benchmark binaries write.
 //! - [`models`]: the model adapters over real sockets against a raw read and the in-memory
@@ -16,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fixture;
+pub mod hosts;
 pub mod jsonl;
 pub mod limits;
 pub mod measure;

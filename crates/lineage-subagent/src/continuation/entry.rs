@@ -169,7 +169,9 @@ impl SubagentRuntime {
         self.continuation().recover_children(parent).await
     }
 
-    /// Serves this host's mail until the runtime stops: every [`MAIL_POLL`], each piece of mail
+    /// Serves this host's mail until the runtime stops: whenever the store says the mailbox
+    /// changed ([`Store::watch_mail`](lineage_store::Store::watch_mail)), and at least every
+    /// [`MAIL_POLL`] where it does not (every 250 ms where it does), each piece of mail
     /// for an agent live here is claimed, delivered, made durable in its log, then taken out.
     /// Returns `None` on a store that is not shared (no other host sends mail), or outside a
     /// tokio runtime.

@@ -32,8 +32,14 @@ use super::recovery::holds_message;
 use super::*;
 use crate::{Authority, ReportDelivery};
 
-/// How often a host looks for mail, and a waiting sender for its mail's fate.
+/// How often a host looks for mail, and a waiting sender for its mail's fate, on a store that
+/// does not wake them ([`Store::watch_mail`]).
 pub const MAIL_POLL: Duration = Duration::from_millis(50);
+
+/// How often they look on a store that wakes them when the mailbox changes: a wake-up missed
+/// while the store reconnects, and a holder that stopped (which posts nothing), are seen this
+/// late at most.
+const MAIL_POLL_PUSHED: Duration = Duration::from_millis(250);
 
 /// What a piece of mail asks of its recipient. Its body is this as JSON, `kind` naming the
 /// variant (`{"kind": "report", "message": …, "quiet": false}`).
@@ -94,15 +100,62 @@ fn discard(recipient: &Agent, piece: &Mail, reason: &str) -> Result<(), lineage_
         .map(drop)
 }
 
+/// When to look at the mailbox again.
+struct MailWatch {
+    changes: tokio::sync::watch::Receiver<()>,
+    poll: Duration,
+}
+
+impl MailWatch {
+    /// Waits for a change of the mailbox since the last look, or for the poll.
+    async fn next_look(&mut self) {
+        tokio::select! {
+            changed = self.changes.changed() => {
+                if changed.is_err() {
+                    tokio::time::sleep(self.poll).await;
+                }
+            }
+            () = tokio::time::sleep(self.poll) => {}
+        }
+    }
+}
+
 /// The shared store's mailbox, as the agents of one registry send and serve it. Clones share it.
 #[derive(Clone)]
 pub(super) struct Mailbox {
     agents: Agents,
+    /// Changes when the store says the mailbox may have changed.
+    changes: tokio::sync::watch::Receiver<()>,
+    /// Whether the store says so at all (else only polling finds mail).
+    pushed: bool,
 }
 
 impl Mailbox {
     pub(super) fn new(agents: Agents) -> Self {
-        Mailbox { agents }
+        let (changed, changes) = tokio::sync::watch::channel(());
+        let pushed = agents.store().watch_mail(move || {
+            changed.send_replace(());
+        });
+        Mailbox {
+            agents,
+            changes,
+            pushed,
+        }
+    }
+
+    /// A watch of the mailbox's changes from now on: its next look comes at the first change
+    /// after this call, or at the poll.
+    fn watch(&self) -> MailWatch {
+        let mut changes = self.changes.clone();
+        changes.mark_unchanged();
+        MailWatch {
+            changes,
+            poll: if self.pushed {
+                MAIL_POLL_PUSHED
+            } else {
+                MAIL_POLL
+            },
+        }
     }
 
     fn store(&self) -> &Store {
@@ -168,6 +221,8 @@ impl Mailbox {
     ) -> Result<Option<MessageId>, SubagentError> {
         let unavailable = |reason: String| unavailable(child, reason);
         let id = message.id;
+        // Watched before posting, so a host taking the mail at once is not missed.
+        let mut watch = self.watch();
         self.post(
             sender,
             child,
@@ -183,7 +238,7 @@ impl Mailbox {
             let cancelled = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => true,
-                _ = tokio::time::sleep(MAIL_POLL) => false,
+                () = watch.next_look() => false,
             };
             let waiting = self
                 .on_store(move |store| store.mail_for(&[child]))
@@ -309,17 +364,18 @@ impl Mailbox {
         Ok(true)
     }
 
-    /// Serves this host's mail for `manager` until it is gone (see the module docs): every
-    /// [`MAIL_POLL`], the mail for the agents live here is delivered and taken out. Returns `None`
+    /// Serves this host's mail for `manager` until it is gone (see the module docs): whenever
+    /// the mailbox changed (or at the poll), the mail for the agents live here is delivered and taken out. Returns `None`
     /// on a store that is not shared (no other host sends mail), or outside a tokio runtime.
     pub(super) fn serve(&self, manager: Weak<Continuation>) -> Option<tokio::task::JoinHandle<()>> {
         if !self.store().is_shared() {
             return None;
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;
+        let mut watch = self.watch();
         Some(handle.spawn(async move {
             loop {
-                tokio::time::sleep(MAIL_POLL).await;
+                watch.next_look().await;
                 let Some(manager) = manager.upgrade() else {
                     return;
                 };

@@ -735,10 +735,7 @@ fn measure_postgres(
         unit: "ms",
         lineage: ms(woken.median),
         others: vec![("polling alone", ms(polled.median))],
-        target: Some((
-            "≤ 10 ms".into(),
-            woken.median <= Duration::from_millis(10),
-        )),
+        target: Some(("≤ 10 ms".into(), woken.median <= Duration::from_millis(10))),
         higher_is_better: false,
     });
     rows.push(Row {

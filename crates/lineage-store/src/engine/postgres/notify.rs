@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio_postgres::AsyncMessage;
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{AsyncMessage, Client, Connection, Socket};
 
 use super::Shared;
 use crate::engine::MailWake;
@@ -27,6 +28,9 @@ pub(super) const NOTIFY: &str = "NOTIFY lineage_mail";
 /// How often the listener proves its connection alive: a half-open connection (a partition, a
 /// dead server machine) delivers nothing and errs only when a request goes unanswered.
 const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// How long the listener waits for a connection (a black-holed server never answers).
+const CONNECT: Duration = Duration::from_secs(5);
 
 /// How long a reconnection waits after a failed one.
 const RECONNECT: Duration = Duration::from_millis(250);
@@ -76,55 +80,58 @@ async fn listen(shared: Weak<Shared>, wakes: Arc<Mutex<Vec<MailWake>>>) {
         let Some(connecting) = shared.upgrade().map(|s| s.connect_raw()) else {
             return;
         };
-        match connecting.await {
-            Ok((client, mut connection)) => {
-                // The connection's messages (notifications among them) come only while it is
-                // polled, and the client's requests are answered only then too.
-                let notifications = async {
-                    while let Some(message) =
-                        std::future::poll_fn(|cx| connection.poll_message(cx)).await
-                    {
-                        match message {
-                            Ok(AsyncMessage::Notification(_)) => wake_all(&wakes),
-                            Ok(_) => {}
-                            Err(error) => {
-                                tracing::debug!(%error, "the mailbox listener's connection failed");
-                                return;
-                            }
-                        }
-                    }
-                };
-                let subscribed = async {
-                    if let Err(error) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
-                        if error.as_db_error().is_some() {
-                            // The server answered, and will not: poll instead.
-                            tracing::warn!(%error, "the server refuses LISTEN; mail is polled");
-                            loop {
-                                wake_all(&wakes);
-                                tokio::time::sleep(POLL).await;
-                            }
-                        }
-                        return;
-                    }
-                    wake_all(&wakes);
-                    let deadline = HEARTBEAT * 2;
-                    loop {
-                        tokio::time::sleep(HEARTBEAT).await;
-                        match tokio::time::timeout(deadline, client.simple_query("")).await {
-                            Ok(Ok(_)) => {}
-                            _ => return,
-                        }
-                    }
-                };
-                tokio::select! {
-                    () = notifications => {}
-                    () = subscribed => {}
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, "the mailbox listener cannot connect; trying again");
-            }
+        match tokio::time::timeout(CONNECT, connecting).await {
+            Ok(Ok((client, connection))) => listen_on(&client, connection, &wakes).await,
+            Ok(Err(error)) => tracing::debug!(%error, "the mailbox listener cannot connect"),
+            Err(_) => tracing::debug!("the mailbox listener's connection got no answer"),
         }
         tokio::time::sleep(RECONNECT).await;
+    }
+}
+
+/// Listens on one connection until it fails or stops answering.
+async fn listen_on(
+    client: &Client,
+    mut connection: Connection<Socket, NoTlsStream>,
+    wakes: &Mutex<Vec<MailWake>>,
+) {
+    // The connection's messages (notifications among them) come only while it is polled, and
+    // the client's requests are answered only then too.
+    let notifications = async {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => wake_all(wakes),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "the mailbox listener's connection failed");
+                    return;
+                }
+            }
+        }
+    };
+    let subscribed = async {
+        if let Err(error) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+            if error.as_db_error().is_some() {
+                // The server answered, and will not: wake the watchers on a timer instead.
+                tracing::warn!(%error, "the server refuses LISTEN; the mailbox is polled");
+                loop {
+                    wake_all(wakes);
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+            return;
+        }
+        wake_all(wakes);
+        loop {
+            tokio::time::sleep(HEARTBEAT).await;
+            let answered = tokio::time::timeout(HEARTBEAT * 2, client.simple_query("")).await;
+            if !matches!(answered, Ok(Ok(_))) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = notifications => {}
+        () = subscribed => {}
     }
 }

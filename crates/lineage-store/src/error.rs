@@ -449,6 +449,10 @@ pub enum EngineErrorKind {
     AwaitsRecovery,
     /// Another handle, in this process or another, has the file open for writing.
     AlreadyOpen,
+    /// The server did not answer within a bound of [`crate::PostgresTimeouts`] (the message
+    /// names the operation and the bound); the connection it used is dropped. A commit that
+    /// timed out is in doubt, and the writer reads it back before it commits again.
+    Timeout,
     /// Any other failure of the storage layer.
     Other,
 }

@@ -47,8 +47,8 @@ pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{
     DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_EVENTS, DEFAULT_CACHE_BYTES, DEFAULT_COMMIT_WINDOW,
-    DEFAULT_LEASE_TTL, KindStats, Loaded, STORE_FORMAT_VERSION, SessionInfo, Store, StoreOptions,
-    StoreStats,
+    DEFAULT_LEASE_TTL, KindStats, Loaded, PostgresTimeouts, STORE_FORMAT_VERSION, SessionInfo,
+    Store, StoreOptions, StoreStats,
 };
 pub use upgrade::Upgraded;
 pub use verify::{Problem, SessionReport, VerifyReport};

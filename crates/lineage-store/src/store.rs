@@ -75,6 +75,75 @@ pub struct StoreOptions {
     /// mode, which does not carry notifications (a server that refuses `LISTEN` is polled
     /// anyway).
     pub mail_push: bool,
+    /// The bounds of every wait on a PostgreSQL server (ignored by a store file).
+    pub postgres: PostgresTimeouts,
+}
+
+/// How long a store on PostgreSQL waits for its server, at most. A server that does not answer
+/// (a black-holed address, a half-open connection after a partition, a stalled server) fails the
+/// call that waits with an [`crate::EngineErrorKind::Timeout`] error, which names the operation
+/// and the bound, instead of holding the caller.
+///
+/// So [`Store::open`] of a database whose server does not answer fails within `connect` (the
+/// connection and its start-up, authentication included), and once connected each step of the
+/// open within `call`; each later call of the store waits `call` at most (a commit that waited
+/// that long is in doubt, and the writer reads it back before it commits again). The server
+/// enforces `statement`, `lock` and `idle_in_transaction` itself (`statement_timeout`,
+/// `lock_timeout`, `idle_in_transaction_session_timeout`, sent at connection start-up unless the
+/// URL's `options` set them); `Duration::ZERO` leaves one of these three to the server's own
+/// setting. The TCP keepalive finds a connection whose peer is gone within about
+/// `keepalive_idle` plus three probes a second apart, also while nothing is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostgresTimeouts {
+    /// How long making a connection may take, start-up and authentication included (5 s).
+    pub connect: Duration,
+    /// The server's `statement_timeout`: the longest one statement runs (10 s).
+    pub statement: Duration,
+    /// The server's `lock_timeout`: the longest a statement waits for a lock (5 s).
+    pub lock: Duration,
+    /// The server's `idle_in_transaction_session_timeout`: how long the server keeps a
+    /// transaction whose client went silent, with its locks (15 s).
+    pub idle_in_transaction: Duration,
+    /// How long a connection is idle before TCP keepalive probes start (5 s; then a probe a
+    /// second, three at most, and sent data unacknowledged as long fails the connection).
+    pub keepalive_idle: Duration,
+    /// The longest the store waits for one call to the server, the deadline of every engine
+    /// call (15 s). A call past it fails, and the connection it used is dropped.
+    pub call: Duration,
+}
+
+impl Default for PostgresTimeouts {
+    fn default() -> Self {
+        PostgresTimeouts {
+            connect: Duration::from_secs(5),
+            statement: Duration::from_secs(10),
+            lock: Duration::from_secs(5),
+            idle_in_transaction: Duration::from_secs(15),
+            keepalive_idle: Duration::from_secs(5),
+            call: Duration::from_secs(15),
+        }
+    }
+}
+
+impl PostgresTimeouts {
+    /// Refuses bounds that would wait for ever or not at all.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn check(&self) -> Result<()> {
+        let positive = [
+            ("postgres.connect", self.connect),
+            ("postgres.keepalive_idle", self.keepalive_idle),
+            ("postgres.call", self.call),
+        ];
+        for (field, bound) in positive {
+            if bound.is_zero() || bound > MAX_LEASE_TTL {
+                return Err(StoreError::InvalidOption {
+                    field,
+                    reason: format!("{bound:?} is outside 1 ns to {MAX_LEASE_TTL:?}"),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for StoreOptions {
@@ -86,6 +155,7 @@ impl Default for StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             lease_ttl: DEFAULT_LEASE_TTL,
             mail_push: true,
+            postgres: PostgresTimeouts::default(),
         }
     }
 }
@@ -259,7 +329,7 @@ impl Store {
         {
             guard(|| {
                 let (mut engine, store_id, format) =
-                    crate::engine::postgres::PgEngine::open(url, false)?;
+                    crate::engine::postgres::PgEngine::open(url, false, &options.postgres)?;
                 engine.mail_push = options.mail_push;
                 writable_format(&crate::engine::display_location(Path::new(url)), format)?;
                 let engine = Arc::new(engine);
@@ -284,8 +354,11 @@ impl Store {
         if let Some(url) = path.as_ref().to_str().filter(|p| crate::engine::is_url(p)) {
             #[cfg(feature = "postgres")]
             return guard(|| {
-                let (engine, store_id, format) =
-                    crate::engine::postgres::PgEngine::open(url, true)?;
+                let (engine, store_id, format) = crate::engine::postgres::PgEngine::open(
+                    url,
+                    true,
+                    &PostgresTimeouts::default(),
+                )?;
                 let engine = Arc::new(engine);
                 Ok(Self::reader(engine.clone(), engine, None, store_id, format))
             });

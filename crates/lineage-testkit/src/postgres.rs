@@ -220,6 +220,87 @@ rm -rf "$2"
     }
 }
 
+/// A `psql` left running on one connection, so a test can hold a lock or a transaction open
+/// while the code under test meets it. Dropping it ends `psql` (and its transaction).
+pub struct PsqlSession {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// How long [`PsqlSession::run`] waits for `psql`'s answer: it bounds a broken test, never a
+/// healthy one.
+const PSQL_DEADLINE: Duration = Duration::from_secs(30);
+
+impl Postgres {
+    /// Starts `psql` on the database at `url` (a statement that fails ends it).
+    ///
+    /// # Panics
+    ///
+    /// When `psql` cannot start.
+    pub fn psql_session(&self, url: &str) -> PsqlSession {
+        let mut child = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
+        let stdout = child.stdout.take().expect("psql's stdout is piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        PsqlSession {
+            child,
+            stdin,
+            lines,
+        }
+    }
+}
+
+impl PsqlSession {
+    /// Runs `sql` and waits until `psql` has answered it (it then prints a marker line).
+    ///
+    /// # Panics
+    ///
+    /// When `psql` ends or does not answer within 30 s (a failed statement ends it).
+    pub fn run(&mut self, sql: &str) {
+        use std::io::Write;
+        const DONE: &str = "lineage-testkit: done";
+        let stdin = self.stdin.as_mut().expect("psql's stdin is open");
+        writeln!(stdin, "{sql}\n\\echo '{DONE}'")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("cannot write to psql: {e}"));
+        let deadline = Instant::now() + PSQL_DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line == DONE => return,
+                Ok(_) => {}
+                Err(e) => panic!("psql did not answer `{sql}`: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for PsqlSession {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn initdb_command(bin: &Path, data: &Path) -> Command {
     let mut command = Command::new(bin.join("initdb"));
     command

@@ -24,10 +24,11 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use lineage_log::SessionId;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use uuid::Uuid;
 
 use crate::engine::{
@@ -37,7 +38,7 @@ use crate::engine::{
 };
 use crate::error::{EngineError, EngineErrorKind};
 use crate::layout::{BlockFormat, MAGIC, META_FORMAT, META_MAGIC, META_STORE_ID, SessionRecord};
-use crate::store::STORE_FORMAT_VERSION;
+use crate::store::{PostgresTimeouts, STORE_FORMAT_VERSION};
 use crate::{Result, StoreError};
 
 mod notify;
@@ -74,6 +75,9 @@ ALTER TABLE lineage_blocks ALTER COLUMN value SET STORAGE EXTERNAL;
 
 /// Serializes creating the tables among hosts opening a new database at once.
 const CREATE_LOCK: i64 = 0x006c_696e_6561_6765;
+
+/// The deadline of an upgrade, one transaction that rewrites every session.
+const UPGRADE_CALL: Duration = Duration::from_secs(3600);
 
 /// How many blocks a read asks for at once (a few MiB): a scan holds about this much.
 const PAGE_BLOCKS: i64 = 256;
@@ -229,16 +233,63 @@ const REMOVE_BLOCKS: &str = "DELETE FROM lineage_blocks WHERE session = $1 RETUR
 struct Conn {
     client: Client,
     st: Statements,
+    /// The task that drives the connection's socket.
+    task: tokio::task::AbortHandle,
+    /// Set when a call on it passed its deadline: it is never used again.
+    discarded: AtomicBool,
 }
+
+/// A connection a call runs on: one that a call past its deadline leaves is dropped, since its
+/// server may answer the abandoned request later, or never.
+trait Connection {
+    fn discard(&self);
+    fn discarded(&self) -> bool;
+}
+
+impl Connection for Conn {
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
+        // Closing the socket ends the server's side too, and with it any transaction left open.
+        self.task.abort();
+    }
+
+    fn discarded(&self) -> bool {
+        self.discarded.load(Ordering::Acquire)
+    }
+}
+
+/// The first connection of an open or an upgrade: a call past its deadline fails the open, and
+/// the engine's runtime stops with the connection's task.
+impl Connection for Client {
+    fn discard(&self) {}
+
+    fn discarded(&self) -> bool {
+        false
+    }
+}
+
+impl Conn {
+    /// Whether it may serve a call: not discarded, and still connected.
+    fn usable(&self) -> bool {
+        !self.discarded() && !self.client.is_closed()
+    }
+}
+
+/// How long `Runtime::run` waits past a call's deadline for the runtime to report it (a runtime
+/// thread kept busy delays its timers): the caller's own bound, never reached while the runtime
+/// runs.
+const REPORT_GRACE: Duration = Duration::from_secs(1);
 
 /// The engine's own runtime, on its own thread, which stops when the engine is dropped.
 struct Runtime {
     handle: tokio::runtime::Handle,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// The deadline of each call.
+    call: Duration,
 }
 
 impl Runtime {
-    fn start() -> std::result::Result<Runtime, EngineError> {
+    fn start(call: Duration) -> std::result::Result<Runtime, EngineError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -256,22 +307,85 @@ impl Runtime {
         Ok(Runtime {
             handle,
             stop: Mutex::new(Some(stop)),
+            call,
         })
     }
 
-    /// Runs `work` on the engine's runtime and waits for it on this thread, which may be a
-    /// thread of another runtime.
+    /// Runs `work` (the `operation`) on the engine's runtime and waits for it on this thread,
+    /// which may be a thread of another runtime, until the call's deadline: past it `work` is
+    /// dropped unfinished and the call fails with [`EngineErrorKind::Timeout`].
     fn run<T: Send + 'static>(
         &self,
+        operation: &'static str,
         work: impl Future<Output = T> + Send + 'static,
     ) -> std::result::Result<T, EngineError> {
         let (tx, rx) = mpsc::sync_channel(1);
+        let call = self.call;
         self.handle.spawn(async move {
-            let _ = tx.send(work.await);
+            let _ = tx.send(tokio::time::timeout(call, work).await);
         });
-        rx.recv()
-            .map_err(|_| EngineError::new(EngineErrorKind::Other, "the PostgreSQL engine stopped"))
+        match rx.recv_timeout(call + REPORT_GRACE) {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {
+                Err(timed_out(operation, call, "StoreOptions::postgres.call"))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(EngineError::new(
+                EngineErrorKind::Other,
+                "the PostgreSQL engine stopped",
+            )),
+        }
     }
+}
+
+/// The failure of a wait on the server past its `bound` (the option that sets it).
+fn timed_out(operation: &str, bound: Duration, option: &str) -> EngineError {
+    EngineError::new(
+        EngineErrorKind::Timeout,
+        format!(
+            "PostgreSQL: {operation} got no answer within {bound:?} ({option}); the connection is dropped"
+        ),
+    )
+}
+
+/// The connection settings of `url` with the bounds of `timeouts` (see [`PostgresTimeouts`]):
+/// the URL's own server settings (its `options`) win over them.
+fn config_of(url: &str, timeouts: &PostgresTimeouts) -> Result<Config> {
+    timeouts.check()?;
+    let mut config: Config = url.parse().map_err(|e| StoreError::NotAStore {
+        path: redact(url).into(),
+        reason: format!("its URL does not parse as a PostgreSQL connection URL: {e}"),
+    })?;
+    const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+    const KEEPALIVE_PROBES: u32 = 3;
+    config
+        .connect_timeout(timeouts.connect)
+        .keepalives(true)
+        .keepalives_idle(timeouts.keepalive_idle)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_PROBES)
+        .tcp_user_timeout(timeouts.keepalive_idle + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES);
+    let mut options = config.get_options().unwrap_or_default().to_owned();
+    let settings = [
+        ("statement_timeout", timeouts.statement),
+        ("lock_timeout", timeouts.lock),
+        (
+            "idle_in_transaction_session_timeout",
+            timeouts.idle_in_transaction,
+        ),
+    ];
+    for (name, bound) in settings {
+        if bound.is_zero() || options.contains(name) {
+            continue;
+        }
+        if !options.is_empty() {
+            options.push(' ');
+        }
+        // Whole milliseconds, at least one (zero would turn the bound off).
+        let ms = bound.as_millis().max(1);
+        options.push_str(&format!("-c {name}={ms}"));
+    }
+    config.options(options);
+    Ok(config)
 }
 
 impl Drop for Runtime {
@@ -305,6 +419,17 @@ fn pg_error(error: tokio_postgres::Error) -> EngineError {
     }
 }
 
+/// The engine's error for a connection that could not be made to the server `shown`.
+fn connect_error(shown: &str, error: tokio_postgres::Error) -> EngineError {
+    if error.as_db_error().is_some() {
+        return pg_error(error);
+    }
+    EngineError::new(
+        EngineErrorKind::Io,
+        format!("PostgreSQL: cannot connect to {shown}: {error}"),
+    )
+}
+
 /// Whether the server refused a statement for its own data alone (a constraint, a value out of
 /// range, a limit), so the rest of a round may commit without it.
 fn refused_for_its_data(error: &tokio_postgres::Error) -> bool {
@@ -323,49 +448,83 @@ fn seq_param(seq: u64) -> std::result::Result<i64, EngineError> {
     })
 }
 
-/// Runs `$body` (an expression awaiting on `$c`, a clone of the connection `$conn`) on the
-/// engine's runtime: the outer result is the engine's, the inner one the statement's.
+/// Runs `$body` (an expression awaiting on `$c`, a clone of the connection `$conn`; the
+/// `$operation`) on the engine's runtime: the outer result is the engine's, the inner one the
+/// statement's.
 macro_rules! on {
-    ($shared:expr, $conn:expr, |$c:ident| $body:expr) => {{
+    ($shared:expr, $conn:expr, $operation:expr, |$c:ident| $body:expr) => {{
         let $c = Arc::clone($conn);
-        $shared.runtime.run(async move { $body })
+        $shared.run_on(&**$conn, $operation, async move { $body })
     }};
 }
 
 struct Shared {
     runtime: Runtime,
-    url: String,
+    /// The connection settings, bounds included.
+    config: Config,
+    /// How long making a connection may take.
+    connect_bound: Duration,
+    /// The URL as messages show it (without its password).
+    shown: String,
     /// Idle connections of finished read views.
     pool: Arc<Mutex<Vec<Arc<Conn>>>>,
     /// The writer thread's connection; replaced when it breaks.
     writer: Mutex<Option<Arc<Conn>>>,
 }
 
+/// A new connection: its client, and the task that drives its socket.
+type Connected = (Client, tokio::task::AbortHandle);
+
 impl Shared {
-    /// The engine's runtime for the database at `url`, and a first connection to it (one that
-    /// cannot be made says the URL names no store).
-    fn start(url: &str) -> Result<(Shared, Arc<Client>)> {
+    /// The engine's runtime for the database at `url`, and a first connection to it.
+    fn start(url: &str, timeouts: &PostgresTimeouts) -> Result<(Shared, Connected)> {
         let shared = Shared {
-            runtime: Runtime::start().map_err(StoreError::Storage)?,
-            url: url.to_owned(),
+            runtime: Runtime::start(timeouts.call).map_err(StoreError::Storage)?,
+            config: config_of(url, timeouts)?,
+            connect_bound: timeouts.connect,
+            shown: redact(url),
             pool: Arc::default(),
             writer: Mutex::new(None),
         };
-        let client = shared.connect_bare().map_err(|e| StoreError::NotAStore {
-            path: redact(url).into(),
-            reason: format!("cannot connect: {e}"),
-        })?;
-        Ok((shared, Arc::new(client)))
+        let connected = shared.connect_bare().map_err(StoreError::Storage)?;
+        Ok((shared, connected))
+    }
+
+    /// Runs `work` (the `operation`) on `conn` within the call's deadline; a call past it
+    /// discards the connection, and a discarded connection serves no call.
+    fn run_on<C: Connection + ?Sized, T: Send + 'static>(
+        &self,
+        conn: &C,
+        operation: &'static str,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> std::result::Result<T, EngineError> {
+        if conn.discarded() {
+            return Err(EngineError::new(
+                EngineErrorKind::Io,
+                format!(
+                    "PostgreSQL: {operation}: the connection was dropped after a call past its deadline"
+                ),
+            ));
+        }
+        let answer = self.runtime.run(operation, work);
+        if answer
+            .as_ref()
+            .is_err_and(|e| e.kind() == EngineErrorKind::Timeout)
+        {
+            conn.discard();
+        }
+        answer
     }
 
     /// A new connection with its statements prepared.
     fn connect(&self) -> std::result::Result<Arc<Conn>, EngineError> {
-        let client = self.connect_bare()?;
-        self.prepare(client)
+        let connected = self.connect_bare()?;
+        self.prepare(connected)
     }
 
     /// Makes a connection whose messages the caller polls (the client answers only while its
-    /// connection is polled).
+    /// connection is polled), within the connect bound: start-up and authentication included,
+    /// which a server that accepts and never answers would otherwise hold for ever.
     fn connect_raw(
         &self,
     ) -> impl Future<
@@ -377,91 +536,109 @@ impl Shared {
                     tokio_postgres::tls::NoTlsStream,
                 >,
             ),
-            tokio_postgres::Error,
+            EngineError,
         >,
     >
     + Send
     + 'static
     + use<> {
-        let url = self.url.clone();
-        async move { tokio_postgres::connect(&url, NoTls).await }
+        let (config, bound, shown) = (self.config.clone(), self.connect_bound, self.shown.clone());
+        async move {
+            match tokio::time::timeout(bound, config.connect(NoTls)).await {
+                Ok(connected) => connected.map_err(|e| connect_error(&shown, e)),
+                Err(_) => Err(timed_out(
+                    &format!("connecting to {shown}"),
+                    bound,
+                    "StoreOptions::postgres.connect",
+                )),
+            }
+        }
     }
 
-    fn connect_bare(&self) -> std::result::Result<Client, EngineError> {
+    fn connect_bare(&self) -> std::result::Result<Connected, EngineError> {
         let connecting = self.connect_raw();
         let handle = self.runtime.handle.clone();
-        self.runtime.run(async move {
-            let (client, connection) = connecting.await.map_err(pg_error)?;
-            handle.spawn(async move {
+        self.runtime.run("connecting", async move {
+            let (client, connection) = connecting.await?;
+            let task = handle.spawn(async move {
                 if let Err(error) = connection.await {
                     tracing::debug!(%error, "a PostgreSQL connection ended");
                 }
             });
-            Ok(client)
+            Ok((client, task.abort_handle()))
         })?
     }
 
     /// Prepares the statements (the tables must exist).
-    fn prepare(&self, client: Client) -> std::result::Result<Arc<Conn>, EngineError> {
+    fn prepare(&self, (client, task): Connected) -> std::result::Result<Arc<Conn>, EngineError> {
         let (create_session, extend_session) = (create_session(), extend_session());
-        self.runtime
-            .run(async move {
-                // Sent together: one round trip's wait, not one per statement.
-                let prepared = tokio::join!(
-                    client.prepare(ROW),
-                    client.prepare(ROWS),
-                    client.prepare(BLOCKS),
-                    client.prepare(BLOCK_START),
-                    client.prepare(CHILDREN),
-                    client.prepare(CHILD_INDEX),
-                    client.prepare(DESCENDANTS),
-                    client.prepare(NEXT_SEQ),
-                    client.prepare(&create_session),
-                    client.prepare(&extend_session),
-                    client.prepare(REMOVE_ROW),
-                    client.prepare(REMOVE_INDEX),
-                    client.prepare(REMOVE_BLOCKS),
-                    client.prepare(WRITE_REFUSAL),
-                    client.prepare(LEASE),
-                    client.prepare(ACQUIRE),
-                    client.prepare(RENEW),
-                    client.prepare(RELEASE),
-                    client.prepare(POST),
-                    client.prepare(MAIL_FOR),
-                    client.prepare(TAKE_MAIL),
-                    client.prepare(CLAIM_MAIL),
-                    client.prepare(WITHDRAW_MAIL),
-                    client.prepare(REMOVE_MAIL),
-                );
-                let st = Statements {
-                    row: prepared.0?,
-                    rows: prepared.1?,
-                    blocks: prepared.2?,
-                    block_start: prepared.3?,
-                    children: prepared.4?,
-                    child_index: prepared.5?,
-                    descendants: prepared.6?,
-                    next_seq: prepared.7?,
-                    create_session: prepared.8?,
-                    extend_session: prepared.9?,
-                    remove_row: prepared.10?,
-                    remove_index: prepared.11?,
-                    remove_blocks: prepared.12?,
-                    write_refusal: prepared.13?,
-                    lease: prepared.14?,
-                    acquire: prepared.15?,
-                    renew: prepared.16?,
-                    release: prepared.17?,
-                    post: prepared.18?,
-                    mail_for: prepared.19?,
-                    take_mail: prepared.20?,
-                    claim_mail: prepared.21?,
-                    withdraw_mail: prepared.22?,
-                    remove_mail: prepared.23?,
-                };
-                Ok(Arc::new(Conn { client, st }))
-            })?
-            .map_err(pg_error)
+        let driver = task.clone();
+        let prepared = self.runtime.run("preparing statements", async move {
+            // Sent together: one round trip's wait, not one per statement.
+            let prepared = tokio::join!(
+                client.prepare(ROW),
+                client.prepare(ROWS),
+                client.prepare(BLOCKS),
+                client.prepare(BLOCK_START),
+                client.prepare(CHILDREN),
+                client.prepare(CHILD_INDEX),
+                client.prepare(DESCENDANTS),
+                client.prepare(NEXT_SEQ),
+                client.prepare(&create_session),
+                client.prepare(&extend_session),
+                client.prepare(REMOVE_ROW),
+                client.prepare(REMOVE_INDEX),
+                client.prepare(REMOVE_BLOCKS),
+                client.prepare(WRITE_REFUSAL),
+                client.prepare(LEASE),
+                client.prepare(ACQUIRE),
+                client.prepare(RENEW),
+                client.prepare(RELEASE),
+                client.prepare(POST),
+                client.prepare(MAIL_FOR),
+                client.prepare(TAKE_MAIL),
+                client.prepare(CLAIM_MAIL),
+                client.prepare(WITHDRAW_MAIL),
+                client.prepare(REMOVE_MAIL),
+            );
+            let st = Statements {
+                row: prepared.0?,
+                rows: prepared.1?,
+                blocks: prepared.2?,
+                block_start: prepared.3?,
+                children: prepared.4?,
+                child_index: prepared.5?,
+                descendants: prepared.6?,
+                next_seq: prepared.7?,
+                create_session: prepared.8?,
+                extend_session: prepared.9?,
+                remove_row: prepared.10?,
+                remove_index: prepared.11?,
+                remove_blocks: prepared.12?,
+                write_refusal: prepared.13?,
+                lease: prepared.14?,
+                acquire: prepared.15?,
+                renew: prepared.16?,
+                release: prepared.17?,
+                post: prepared.18?,
+                mail_for: prepared.19?,
+                take_mail: prepared.20?,
+                claim_mail: prepared.21?,
+                withdraw_mail: prepared.22?,
+                remove_mail: prepared.23?,
+            };
+            Ok(Arc::new(Conn {
+                client,
+                st,
+                task: driver,
+                discarded: AtomicBool::new(false),
+            }))
+        });
+        if prepared.is_err() {
+            // The client went with the unfinished call; its socket goes too.
+            task.abort();
+        }
+        prepared?.map_err(pg_error)
     }
 
     /// A pooled connection, or a new one.
@@ -469,7 +646,7 @@ impl Shared {
         loop {
             let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
             match pooled {
-                Some(conn) if conn.client.is_closed() => continue,
+                Some(conn) if !conn.usable() => continue,
                 Some(conn) => return Ok(conn),
                 None => return self.connect(),
             }
@@ -509,15 +686,20 @@ fn ttl_ms(ttl: std::time::Duration) -> f64 {
 impl PgEngine {
     /// Connects to `url`, creating the tables in an empty database unless `read_only`, and checks
     /// the store's meta rows. Returns the engine and the store id.
-    pub fn open(url: &str, read_only: bool) -> Result<(PgEngine, Uuid, BlockFormat)> {
+    pub fn open(
+        url: &str,
+        read_only: bool,
+        timeouts: &PostgresTimeouts,
+    ) -> Result<(PgEngine, Uuid, BlockFormat)> {
         let shown = redact(url);
         let storage = |e: EngineError| StoreError::Storage(e);
-        let (shared, client) = Shared::start(url)?;
+        let (shared, (client, task)) = Shared::start(url, timeouts)?;
+        let client = Arc::new(client);
         let shared = Arc::new(shared);
         if !read_only {
             create_tables(&shared, &client).map_err(storage)?;
         }
-        let meta = on!(shared, &client, |c| {
+        let meta = on!(shared, &client, "reading the meta rows", |c| {
             let exists = c
                 .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
                 .await?
@@ -536,7 +718,7 @@ impl PgEngine {
                 "the first connection is still in use",
             ))
         })?;
-        let conn = shared.prepare(client).map_err(storage)?;
+        let conn = shared.prepare((client, task)).map_err(storage)?;
         shared
             .pool
             .lock()
@@ -557,7 +739,7 @@ impl PgEngine {
 
     fn writer(&self) -> std::result::Result<Arc<Conn>, EngineError> {
         let mut slot = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
+        if let Some(conn) = slot.as_ref().filter(|c| c.usable()) {
             return Ok(conn.clone());
         }
         let conn = self.shared.connect()?;
@@ -576,11 +758,17 @@ impl PgEngine {
     ) -> std::result::Result<Committed, RoundError> {
         let shared = &self.shared;
         let whole = |e: tokio_postgres::Error| RoundError::Whole(pg_error(e));
-        on!(shared, conn, |c| c.client.batch_execute("BEGIN").await)
-            .map_err(RoundError::Whole)?
-            .map_err(whole)?;
+        on!(shared, conn, "beginning a commit", |c| c
+            .client
+            .batch_execute("BEGIN")
+            .await)
+        .map_err(RoundError::Whole)?
+        .map_err(whole)?;
         let abort = |error: RoundError| {
-            let _ = on!(shared, conn, |c| c.client.batch_execute("ROLLBACK").await);
+            let _ = on!(shared, conn, "rolling a commit back", |c| c
+                .client
+                .batch_execute("ROLLBACK")
+                .await);
             error
         };
         let mut written = Vec::with_capacity(writes.len());
@@ -592,7 +780,7 @@ impl PgEngine {
             }
             let params = WriteParams::of(write).map_err(|e| abort(RoundError::Session(i, e)))?;
             let (new, holder) = (write.new, self.holder);
-            let affected = on!(shared, conn, |c| {
+            let affected = on!(shared, conn, "writing a session", |c| {
                 let p = params;
                 let statement = if new {
                     &c.st.create_session
@@ -623,7 +811,7 @@ impl PgEngine {
                 Ok(n) if n > 0 => written.push(Written::Applied),
                 Ok(_) => {
                     let id = uuid_of(write.session);
-                    let row = on!(shared, conn, |c| c
+                    let row = on!(shared, conn, "reading why a write was refused", |c| c
                         .client
                         .query_one(&c.st.write_refusal, &[&id])
                         .await)
@@ -671,10 +859,16 @@ impl PgEngine {
             deletions: answers,
         };
         // Without an answer to COMMIT the transaction may have committed or not.
-        match on!(shared, conn, |c| c.client.batch_execute("COMMIT").await) {
+        match on!(shared, conn, "committing", |c| c
+            .client
+            .batch_execute("COMMIT")
+            .await)
+        {
             Ok(Ok(())) => Ok(committed),
             // The server answered: it rolled the transaction back.
             Ok(Err(e)) if e.as_db_error().is_some() => Err(whole(e)),
+            // No answer (the connection broke, or the call passed its deadline and the
+            // connection was dropped): the writer reads the round back.
             Ok(Err(e)) => Err(RoundError::InDoubt(pg_error(e), committed)),
             Err(e) => Err(RoundError::InDoubt(e, committed)),
         }
@@ -986,8 +1180,10 @@ impl PgEngine {
         F: Future<Output = std::result::Result<T, tokio_postgres::Error>> + Send + 'static,
     {
         let conn = self.shared.idle()?;
-        let answer = self.shared.runtime.run(work(conn.clone()))?;
-        if !conn.client.is_closed() {
+        let answer =
+            self.shared
+                .run_on(&*conn, "a lease or mailbox statement", work(conn.clone()))?;
+        if conn.usable() {
             self.shared
                 .pool
                 .lock()
@@ -1014,9 +1210,19 @@ impl Drop for Held {
         let conn = self.conn.clone();
         let pool = self.shared.pool.clone();
         let begun = *self.begun.get_mut();
+        let call = self.shared.runtime.call;
         self.shared.runtime.handle.spawn(async move {
-            let ended = !begun || conn.client.batch_execute("ROLLBACK").await.is_ok();
-            if ended {
+            if !conn.usable() {
+                return;
+            }
+            let ended = !begun
+                || matches!(
+                    tokio::time::timeout(call, conn.client.batch_execute("ROLLBACK")).await,
+                    Ok(Ok(()))
+                );
+            if !ended {
+                conn.discard();
+            } else if conn.usable() {
                 let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
                 if pool.len() < 8 {
                     pool.push(conn);
@@ -1037,8 +1243,7 @@ impl Held {
         let begin = !self.begun.swap(true, Ordering::AcqRel);
         let conn = self.conn.clone();
         self.shared
-            .runtime
-            .run(async move {
+            .run_on(&*self.conn, "reading", async move {
                 if !begin {
                     return future.await;
                 }
@@ -1232,8 +1437,7 @@ impl PgRemoval<'_> {
         work: impl FnOnce(Arc<Conn>) -> RowsFuture,
     ) -> std::result::Result<Vec<Row>, EngineError> {
         self.shared
-            .runtime
-            .run(work(self.conn.clone()))?
+            .run_on(&**self.conn, "deleting a session", work(self.conn.clone()))?
             .map_err(pg_error)
     }
 }
@@ -1295,7 +1499,7 @@ impl Removal for PgRemoval<'_> {
 fn create_tables(shared: &Shared, client: &Arc<Client>) -> std::result::Result<(), EngineError> {
     let id = Uuid::now_v7();
     let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
-    on!(shared, client, |c| {
+    on!(shared, client, "creating the tables", |c| {
         c.batch_execute("BEGIN").await?;
         let work = async {
             c.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
@@ -1387,9 +1591,16 @@ pub(crate) fn upgrade(
 ) -> Result<PgUpgraded> {
     let shown = redact(url);
     let storage = |e: EngineError| StoreError::Storage(e);
-    let (shared, client) = Shared::start(url)?;
+    // One transaction rewrites every session: each statement is bounded by the server's
+    // `statement_timeout`, and the whole by an hour.
+    let timeouts = PostgresTimeouts {
+        call: UPGRADE_CALL,
+        ..PostgresTimeouts::default()
+    };
+    let (shared, (client, _task)) = Shared::start(url, &timeouts)?;
+    let client = Arc::new(client);
     let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
-    on!(shared, &client, |c| {
+    on!(shared, &client, "upgrading the store", |c| {
         c.batch_execute("BEGIN").await.map_err(|e| storage(pg_error(e)))?;
         let work = async {
             let pg = |e: tokio_postgres::Error| storage(pg_error(e));

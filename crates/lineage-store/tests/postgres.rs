@@ -194,6 +194,39 @@ fn a_database_without_the_tables_is_not_a_store_to_a_reader_and_becomes_one_for_
     assert_eq!(Store::open_read_only(&url).unwrap().store_id(), id);
 }
 
+/// Hosts opening a new database at once all open the one store: the first to commit creates the
+/// tables, and the others, which lose the race to create them, find them (no lock orders them).
+#[test]
+fn many_hosts_opening_a_new_database_at_once_all_open_one_store() {
+    const HOSTS: usize = 8;
+    for round in 0..4 {
+        let url = postgres().create_database();
+        let start = std::sync::Arc::new(std::sync::Barrier::new(HOSTS));
+        let hosts: Vec<_> = (0..HOSTS)
+            .map(|_| {
+                let (url, start) = (url.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    Store::open(&url).map(|store| store.store_id())
+                })
+            })
+            .collect();
+        let ids: Vec<_> = hosts
+            .into_iter()
+            .map(|host| {
+                host.join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("round {round}: a host failed to open: {e}"))
+            })
+            .collect();
+        let stored = Store::open_read_only(&url).unwrap().store_id();
+        assert!(
+            ids.iter().all(|id| *id == stored),
+            "round {round}: every host opened the one store: {ids:?}"
+        );
+    }
+}
+
 #[test]
 fn a_server_that_does_not_answer_is_named_without_the_password() {
     let url = lineage_testkit::postgres::unanswered_url();

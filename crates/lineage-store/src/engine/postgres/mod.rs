@@ -73,9 +73,6 @@ ALTER TABLE lineage_sessions ALTER COLUMN row SET STORAGE EXTERNAL;
 ALTER TABLE lineage_blocks ALTER COLUMN value SET STORAGE EXTERNAL;
 ";
 
-/// Serializes creating the tables among hosts opening a new database at once.
-const CREATE_LOCK: i64 = 0x006c_696e_6561_6765;
-
 /// The deadline of an upgrade, one transaction that rewrites every session.
 const UPGRADE_CALL: Duration = Duration::from_secs(3600);
 
@@ -1496,41 +1493,71 @@ impl Removal for PgRemoval<'_> {
 }
 
 /// Creates the tables and meta rows in a database that has none, once among racing hosts.
+///
+/// No lock orders the creators (advisory locks are PostgreSQL's own, and engines that speak its
+/// protocol lack them): each creates everything in one transaction, and a creator that loses the
+/// race meets the winner's committed tables (a duplicate table, or a unique violation on the
+/// catalog) or a serialization failure; it rolls back and looks again, and finds them.
 fn create_tables(shared: &Shared, client: &Arc<Client>) -> std::result::Result<(), EngineError> {
+    const ATTEMPTS: usize = 5;
     let id = Uuid::now_v7();
     let version = STORE_FORMAT_VERSION.to_le_bytes().to_vec();
-    on!(shared, client, "creating the tables", |c| {
-        c.batch_execute("BEGIN").await?;
-        let work = async {
-            c.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
-                .await?;
-            let exists: bool = c
-                .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
-                .await?
-                .get(0);
-            if !exists {
-                c.batch_execute(CREATE).await?;
-                let insert = "INSERT INTO lineage_meta (name, value) VALUES ($1, $2)";
-                let rows: [(&str, &[u8]); 3] = [
-                    (META_MAGIC, MAGIC),
-                    (META_FORMAT, &version),
-                    (META_STORE_ID, id.as_bytes()),
-                ];
-                for (name, value) in rows {
-                    c.execute(insert, &[&name, &value]).await?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let version = version.clone();
+        let created = on!(shared, client, "creating the tables", |c| {
+            c.batch_execute("BEGIN").await?;
+            let work = async {
+                let exists: bool = c
+                    .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
+                    .await?
+                    .get(0);
+                if !exists {
+                    c.batch_execute(CREATE).await?;
+                    let insert = "INSERT INTO lineage_meta (name, value) VALUES ($1, $2)";
+                    let rows: [(&str, &[u8]); 3] = [
+                        (META_MAGIC, MAGIC),
+                        (META_FORMAT, &version),
+                        (META_STORE_ID, id.as_bytes()),
+                    ];
+                    for (name, value) in rows {
+                        c.execute(insert, &[&name, &value]).await?;
+                    }
+                }
+                c.batch_execute("COMMIT").await
+            };
+            match work.await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let _ = c.batch_execute("ROLLBACK").await;
+                    Err(e)
                 }
             }
-            c.batch_execute("COMMIT").await
-        };
-        match work.await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = c.batch_execute("ROLLBACK").await;
-                Err(e)
+        })?;
+        match created {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < ATTEMPTS && lost_the_creation_race(&e) => {
+                tracing::debug!(%e, "another host created the tables first; looking again");
             }
+            Err(e) => return Err(pg_error(e)),
         }
-    })?
-    .map_err(pg_error)
+    }
+}
+
+/// Whether creating the tables failed because another creator's committed first (or the engine
+/// refused the concurrent transaction): then they are there, or the next attempt makes them.
+fn lost_the_creation_race(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        [
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ]
+        .contains(db.code())
+    })
 }
 
 /// The store's meta rows, by name.
@@ -1604,9 +1631,6 @@ pub(crate) fn upgrade(
         c.batch_execute("BEGIN").await.map_err(|e| storage(pg_error(e)))?;
         let work = async {
             let pg = |e: tokio_postgres::Error| storage(pg_error(e));
-            c.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
-                .await
-                .map_err(pg)?;
             let tables: bool = c
                 .query_one("SELECT to_regclass('lineage_meta') IS NOT NULL", &[])
                 .await
@@ -1618,8 +1642,12 @@ pub(crate) fn upgrade(
                     reason: "it holds no Lineage tables".into(),
                 });
             }
-            c.batch_execute(
-                "LOCK TABLE lineage_meta, lineage_sessions, lineage_blocks IN ACCESS EXCLUSIVE MODE",
+            // The format row, locked until the upgrade commits: a concurrent upgrade waits here
+            // and then reads the format this one wrote. Writers do not write a store of an older
+            // format (they open it read-only), and readers read their own snapshot.
+            c.query(
+                "SELECT value FROM lineage_meta WHERE name = $1 FOR UPDATE",
+                &[&META_FORMAT],
             )
             .await
             .map_err(pg)?;

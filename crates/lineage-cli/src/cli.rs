@@ -39,7 +39,11 @@ Exit codes:
   2  usage: bad arguments, including a session the store does not hold, and rm of a session
      with children or forks without --subtree
   3  cannot open or read the file: missing, not a Lineage store, a newer format, cut short,
-     damaged beneath its sessions, an I/O error";
+     damaged beneath its sessions, an I/O error
+  4  a database's server cannot be reached, or did not answer within its bound
+  5  a database's server refused the login (a wrong password, an unknown role)
+  6  the role lacks a right the store needs on the database
+  7  the server holds no database of the URL's name";
 
 /// Inspect Lineage session stores, offline or while a host is writing them.
 #[derive(Debug, Parser)]

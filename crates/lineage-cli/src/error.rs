@@ -17,6 +17,27 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the store cannot be opened or read (missing file, not a Lineage store, a newer
 /// format, a file cut short or damaged beneath its sessions, an I/O error).
 pub const EXIT_CANNOT_OPEN: u8 = 3;
+/// Exit code: the database's server cannot be reached, or did not answer within its bound.
+pub const EXIT_UNREACHABLE: u8 = 4;
+/// Exit code: the server refused the login (a wrong password, an unknown role).
+pub const EXIT_AUTHENTICATION: u8 = 5;
+/// Exit code: the role lacks a right the store needs on the database.
+pub const EXIT_PERMISSION: u8 = 6;
+/// Exit code: the server holds no database of the URL's name.
+pub const EXIT_NO_DATABASE: u8 = 7;
+
+/// Why a database's server would not serve a command: each has its exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerRefusal {
+    /// Nothing answers at its address, or it did not answer within its bound (exit 4).
+    Unreachable,
+    /// It refused the login (exit 5).
+    Authentication,
+    /// The role lacks a right (exit 6).
+    Permission,
+    /// It holds no such database (exit 7).
+    NoDatabase,
+}
 
 /// Why a command failed.
 #[derive(Debug)]
@@ -38,6 +59,8 @@ pub enum CliError {
     /// `import` refused its file: a bad line, a digest that differs, a session the store holds
     /// with other content (exit 1). Nothing was written.
     Refused(String),
+    /// The database's server would not serve the command (exit 4 to 7, by why).
+    Server(ServerRefusal, String),
 }
 
 impl CliError {
@@ -47,6 +70,12 @@ impl CliError {
             CliError::Usage(_) => EXIT_USAGE,
             CliError::CannotOpen(_) => EXIT_CANNOT_OPEN,
             CliError::Damaged(_) => EXIT_PROBLEMS,
+            CliError::Server(refusal, _) => match refusal {
+                ServerRefusal::Unreachable => EXIT_UNREACHABLE,
+                ServerRefusal::Authentication => EXIT_AUTHENTICATION,
+                ServerRefusal::Permission => EXIT_PERMISSION,
+                ServerRefusal::NoDatabase => EXIT_NO_DATABASE,
+            },
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => EXIT_OK,
             CliError::Output(_)
             | CliError::Demo(_)
@@ -65,7 +94,8 @@ impl CliError {
             | CliError::Demo(m)
             | CliError::Chat(m)
             | CliError::Acp(m)
-            | CliError::Refused(m) => Some(m.clone()),
+            | CliError::Refused(m)
+            | CliError::Server(_, m) => Some(m.clone()),
             CliError::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => None,
             CliError::Output(e) => Some(format!("cannot write the output: {e}")),
         }
@@ -81,12 +111,16 @@ impl CliError {
             CliError::Chat(_) => CliError::Chat(message),
             CliError::Acp(_) => CliError::Acp(message),
             CliError::Refused(_) => CliError::Refused(message),
+            CliError::Server(refusal, _) => CliError::Server(refusal, message),
             output @ CliError::Output(_) => output,
         }
     }
 
     /// Maps a failure to open the store at `path`: every one means it cannot be opened.
     pub fn opening(path: &Path, error: StoreError) -> CliError {
+        if let Some(refused) = server_refusal(&error) {
+            return refused;
+        }
         if let Some(sentence) = file_sentence(path, &error) {
             return CliError::CannotOpen(sentence);
         }
@@ -104,6 +138,9 @@ impl CliError {
 
     /// Maps a failure while reading an open store at `path`.
     pub fn reading(path: &Path, error: StoreError) -> CliError {
+        if let Some(refused) = server_refusal(&error) {
+            return refused;
+        }
         if let Some(sentence) = file_sentence(path, &error) {
             return CliError::CannotOpen(sentence);
         }
@@ -121,6 +158,23 @@ impl CliError {
             e => CliError::CannotOpen(format!("cannot read {}: {e}", path.display())),
         }
     }
+}
+
+/// The failure of a database's server that would not serve the command, in the store's words
+/// (which name the server, without its password, and say what to do).
+fn server_refusal(error: &StoreError) -> Option<CliError> {
+    let refusal = match error.engine()?.kind() {
+        EngineErrorKind::Unreachable | EngineErrorKind::Timeout => ServerRefusal::Unreachable,
+        EngineErrorKind::AuthenticationFailed => ServerRefusal::Authentication,
+        EngineErrorKind::PermissionDenied => ServerRefusal::Permission,
+        EngineErrorKind::DatabaseMissing => ServerRefusal::NoDatabase,
+        _ => return None,
+    };
+    let message = match error {
+        StoreError::Storage(engine) => engine.to_string(),
+        other => other.to_string(),
+    };
+    Some(CliError::Server(refusal, message))
 }
 
 /// The sentence for a failure of the file itself, in Lineage's words, or `None` for a failure
@@ -155,6 +209,10 @@ fn file_sentence(path: &Path, error: &StoreError) -> Option<String> {
             ),
             (EngineErrorKind::AlreadyOpen, _) => {
                 format!("{shown} is already open for writing by another process or handle")
+            }
+            // A database's server speaks of the database, not of a file: its words are shown.
+            _ if lineage_store::is_database_url(path) => {
+                format!("cannot read {shown}: the database failed: {engine}")
             }
             // `Other`, and kinds added after this was written: the engine's own words stay
             // unshown (see above), the failure is still named.

@@ -130,3 +130,60 @@ fn a_database_url_is_shown_without_its_password() {
     );
     assert!(!failed.stderr.contains("hunter2"), "{}", failed.stderr);
 }
+
+/// Each reason a database's server refuses a command has its own exit code and sentence.
+#[test]
+fn a_server_that_refuses_is_named_with_its_own_exit_code() {
+    let server = postgres();
+    let url = server.create_database();
+    drop(Store::open(&url).unwrap());
+    server.psql(&url, "CREATE ROLE bare LOGIN");
+    let as_role =
+        |role: &str| url.replacen("postgres://lineage@", &format!("postgres://{role}@"), 1);
+    let cases = [
+        (
+            lineage_testkit::postgres::unanswered_url(),
+            4,
+            "cannot be reached",
+        ),
+        (as_role("nobody_known"), 5, "refused the login"),
+        (as_role("bare"), 6, "lacks a right"),
+        (server.url("no_such_database"), 7, "does not exist"),
+    ];
+    for (target, code, says) in cases {
+        for command in ["ls", "tree"] {
+            let failed = run(&[command, &target]);
+            assert_eq!(failed.code, code, "{command} {target}: {}", failed.stderr);
+            assert!(
+                failed.stderr.contains(says),
+                "{command} {target}: {}",
+                failed.stderr
+            );
+            assert!(!failed.stderr.contains("damaged"), "{}", failed.stderr);
+        }
+    }
+}
+
+/// A server that accepts connections and never answers fails a command within the connect bound.
+#[test]
+fn a_command_on_a_server_that_never_answers_fails_within_its_bound() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for connection in listener.incoming() {
+            held.push(connection);
+        }
+    });
+    let started = std::time::Instant::now();
+    let failed = run(&["ls", &format!("postgres://lineage@127.0.0.1:{port}/silent")]);
+    let took = started.elapsed();
+    assert_eq!(failed.code, 4, "{}", failed.stderr);
+    assert!(
+        failed.stderr.contains("got no answer within 5s"),
+        "{}",
+        failed.stderr
+    );
+    let bound = lineage_store::PostgresTimeouts::default().connect;
+    assert!(took < bound + std::time::Duration::from_secs(5), "{took:?}");
+}

@@ -453,6 +453,17 @@ pub enum EngineErrorKind {
     /// names the operation and the bound); the connection it used is dropped. A commit that
     /// timed out is in doubt, and the writer reads it back before it commits again.
     Timeout,
+    /// The database's server cannot be reached: nothing listens at its address, the name does
+    /// not resolve, or the connection was closed before the server answered.
+    Unreachable,
+    /// The server holds no database of the name the URL gives (SQLSTATE 3D000).
+    DatabaseMissing,
+    /// The server refused the login: a wrong password, an unknown role, or a connection its
+    /// access rules refuse (SQLSTATE class 28).
+    AuthenticationFailed,
+    /// The role lacks a right the store needs, on its tables or on the database's schema
+    /// (SQLSTATE 42501).
+    PermissionDenied,
     /// Any other failure of the storage layer.
     Other,
 }

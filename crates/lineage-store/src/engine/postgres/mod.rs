@@ -393,10 +393,39 @@ impl Drop for Runtime {
     }
 }
 
+/// The kind of failure an SQLSTATE says, in the store's terms.
+fn kind_of(code: &SqlState) -> EngineErrorKind {
+    match code.code() {
+        "3D000" => EngineErrorKind::DatabaseMissing,
+        "42501" => EngineErrorKind::PermissionDenied,
+        class if class.starts_with("28") => EngineErrorKind::AuthenticationFailed,
+        _ => EngineErrorKind::Other,
+    }
+}
+
+/// What to do about a failure of `kind`, said after the server's own words.
+fn remedy(kind: EngineErrorKind) -> &'static str {
+    match kind {
+        EngineErrorKind::DatabaseMissing => {
+            "; the database does not exist: create it (createdb) or correct the URL"
+        }
+        EngineErrorKind::AuthenticationFailed => {
+            "; the server refused the login: check the user and password in the URL, and the \
+             server's access rules (pg_hba.conf)"
+        }
+        EngineErrorKind::PermissionDenied => {
+            "; the role lacks a right the store needs: CREATE on the schema to create the tables \
+             in a new database, then SELECT, INSERT, UPDATE and DELETE on them"
+        }
+        _ => "",
+    }
+}
+
 /// The engine's error for a failure of the server or the connection.
 fn pg_error(error: tokio_postgres::Error) -> EngineError {
     match error.as_db_error() {
         Some(db) => {
+            let kind = kind_of(db.code());
             let mut message = format!(
                 "PostgreSQL: {} (SQLSTATE {})",
                 db.message(),
@@ -406,7 +435,8 @@ fn pg_error(error: tokio_postgres::Error) -> EngineError {
                 message.push_str(": ");
                 message.push_str(detail);
             }
-            EngineError::new(EngineErrorKind::Other, message)
+            message.push_str(remedy(kind));
+            EngineError::new(kind, message)
         }
         None if error.is_closed() => EngineError::new(
             EngineErrorKind::Io,
@@ -419,11 +449,21 @@ fn pg_error(error: tokio_postgres::Error) -> EngineError {
 /// The engine's error for a connection that could not be made to the server `shown`.
 fn connect_error(shown: &str, error: tokio_postgres::Error) -> EngineError {
     if error.as_db_error().is_some() {
-        return pg_error(error);
+        let error = pg_error(error);
+        return EngineError::new(error.kind(), format!("cannot connect to {shown}: {error}"));
+    }
+    // The server asked for a password the URL does not give (the client's own refusal).
+    if error.to_string().contains("password missing") {
+        return EngineError::new(
+            EngineErrorKind::AuthenticationFailed,
+            format!(
+                "cannot connect to {shown}: the server asks for a password and the URL gives none"
+            ),
+        );
     }
     EngineError::new(
-        EngineErrorKind::Io,
-        format!("PostgreSQL: cannot connect to {shown}: {error}"),
+        EngineErrorKind::Unreachable,
+        format!("cannot connect to {shown}: the PostgreSQL server cannot be reached: {error}"),
     )
 }
 

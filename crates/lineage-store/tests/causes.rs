@@ -1,0 +1,119 @@
+//! A store on PostgreSQL names why it cannot open or read: the server cannot be reached, the
+//! database does not exist, the login was refused, the role lacks a right, the tables are another
+//! application's, or one session's row is damaged (then that session, and only it, fails).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use lineage_store::{EngineErrorKind, Store, StoreError};
+use lineage_testkit::postgres::{ROLE, postgres};
+
+/// The kind and message of a failed open.
+fn failure(opened: lineage_store::Result<Store>) -> (EngineErrorKind, String) {
+    match opened {
+        Ok(_) => panic!("the open succeeded"),
+        Err(StoreError::Storage(engine)) => (engine.kind(), engine.to_string()),
+        Err(other) => panic!("expected a storage error, got {other:?}"),
+    }
+}
+
+/// `url` (of the test server) with another role and password.
+fn as_role(url: &str, role: &str, password: &str) -> String {
+    url.replacen(
+        &format!("postgres://{ROLE}@"),
+        &format!("postgres://{role}:{password}@"),
+        1,
+    )
+}
+
+/// The database name at the end of `url`.
+fn database_of(url: &str) -> &str {
+    url.rsplit_once('/').expect("a database URL").1
+}
+
+#[test]
+fn a_server_nobody_listens_for_is_unreachable() {
+    let url = lineage_testkit::postgres::unanswered_url();
+    for opened in [Store::open(&url), Store::open_read_only(&url)] {
+        let (kind, message) = failure(opened);
+        assert_eq!(kind, EngineErrorKind::Unreachable, "{message}");
+        assert!(message.contains("cannot be reached"), "{message}");
+        assert!(message.contains("ann:***@127.0.0.1"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+}
+
+#[test]
+fn a_database_the_server_does_not_hold_is_missing() {
+    let url = postgres().url("no_such_database");
+    for opened in [Store::open(&url), Store::open_read_only(&url)] {
+        let (kind, message) = failure(opened);
+        assert_eq!(kind, EngineErrorKind::DatabaseMissing, "{message}");
+        assert!(message.contains("3D000"), "{message}");
+        assert!(message.contains("does not exist"), "{message}");
+    }
+}
+
+#[test]
+fn a_role_the_server_does_not_know_is_refused_its_login() {
+    let url = as_role(&postgres().create_database(), "nobody_known", "secret");
+    let (kind, message) = failure(Store::open(&url));
+    assert_eq!(kind, EngineErrorKind::AuthenticationFailed, "{message}");
+    assert!(message.contains("28000"), "{message}");
+    assert!(!message.contains("secret"), "{message}");
+}
+
+/// The server trusts local connections; one database gets a rule that asks its role for a
+/// password, and a wrong one is refused.
+#[test]
+fn a_wrong_password_is_refused_its_login() {
+    let server = postgres();
+    let url = server.create_database();
+    let database = database_of(&url).to_owned();
+    server.psql(
+        &url,
+        "CREATE ROLE ann LOGIN PASSWORD 'right'; GRANT CREATE ON SCHEMA public TO ann",
+    );
+    let hba = server.dir().join("data/pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!("host {database} ann 127.0.0.1/32 scram-sha-256\n{rules}"),
+    )
+    .unwrap();
+    server.psql(&url, "SELECT pg_reload_conf()");
+    let wrong = as_role(&url, "ann", "wrong");
+    // The server takes the rule up as it reloads: until then it trusts the login.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match Store::open_read_only(&wrong) {
+            Err(error) => break error,
+            Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(_) => panic!("the server did not take up the password rule within 20 s"),
+        }
+    };
+    let (kind, message) = failure(Err(refused));
+    assert_eq!(kind, EngineErrorKind::AuthenticationFailed, "{message}");
+    assert!(message.contains("28P01"), "{message}");
+    assert!(!message.contains("wrong@"), "{message}");
+    Store::open(as_role(&url, "ann", "right")).expect("the right password logs in");
+}
+
+#[test]
+fn a_role_without_rights_is_denied_and_told_which() {
+    let server = postgres();
+    let url = server.create_database();
+    server.psql(&url, "CREATE ROLE bare LOGIN");
+    let bare = as_role(&url, "bare", "unused");
+    // A new database: the role may not create the tables in its schema.
+    let (kind, message) = failure(Store::open(&bare));
+    assert_eq!(kind, EngineErrorKind::PermissionDenied, "{message}");
+    assert!(message.contains("42501"), "{message}");
+    assert!(message.contains("CREATE on the schema"), "{message}");
+    // A store: the role may not read its tables.
+    drop(Store::open(&url).unwrap());
+    let (kind, message) = failure(Store::open_read_only(&bare));
+    assert_eq!(kind, EngineErrorKind::PermissionDenied, "{message}");
+    assert!(message.contains("lineage_"), "{message}");
+}

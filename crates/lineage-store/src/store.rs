@@ -535,8 +535,17 @@ impl Store {
         if events.is_empty() {
             return Ok(());
         }
-        self.ensure_tail(session)?;
         let queue = &self.inner.queue;
+        // Refused before anything is read: a lease that lapsed may mean a silent database.
+        if let Some(refusal) = queue
+            .lock()
+            .leases
+            .get(&session)
+            .and_then(|h| h.refusal(session))
+        {
+            return Err(refusal);
+        }
+        self.ensure_tail(session)?;
         // Validate against a snapshot of the tail outside the lock (in order: each event's seq,
         // shape and place, so the first offending event is the one named), then encode, which
         // walks only values already known to be well formed. If another admission to the same

@@ -621,6 +621,21 @@ impl Store {
         self.inner.queue.wait_durable(state, Some(session), target)
     }
 
+    /// The seq the next event admitted to `session` must carry, as this store's writer knows it:
+    /// what is stored plus what was admitted and is not yet durable. `None` when the writer keeps
+    /// no tail for the session (nothing of it is waiting; after a commit refused the session's
+    /// write, what was admitted to it is dropped with its tail): the next admission reads it
+    /// from the store. A live writer compares it with its own log to learn whether the store
+    /// still holds everything it admitted.
+    pub fn admitted_next_seq(&self, session: SessionId) -> Option<u64> {
+        self.inner
+            .queue
+            .lock()
+            .tails
+            .get(&session)
+            .map(|tail| tail.next_seq)
+    }
+
     /// Flushes what was admitted to `session` before reading it. A batch a commit refused (another
     /// writer of a shared store got there first) is not this read's error: the batch's own flushes
     /// report it, and the read sees what the store holds.

@@ -19,13 +19,24 @@ pub enum AgentError {
         #[source]
         source: StoreError,
     },
-    /// Another host took the agent's session over (see
+    /// The agent's lease on its session was lost: another host took the session over, or the
+    /// database did not answer for long enough that this host gave the lease up (see
     /// [`DiagnosticKind::Fenced`](crate::DiagnosticKind::Fenced)): the agent writes nothing more.
-    #[error("agent {agent} stopped: another host took its session over ({reason})")]
+    #[error("agent {agent} stopped: its session's lease was lost ({reason})")]
     Fenced {
         /// The agent.
         agent: SessionId,
         /// The store's refusal, in words.
+        reason: String,
+    },
+    /// The store does not hold what the agent's log holds (see
+    /// [`DiagnosticKind::LogAheadOfStore`](crate::DiagnosticKind::LogAheadOfStore)): the agent
+    /// writes nothing more; resuming it reloads the session from the store.
+    #[error("agent {agent} stopped: {reason}")]
+    LogAheadOfStore {
+        /// The agent.
+        agent: SessionId,
+        /// What the store holds and why, in words.
         reason: String,
     },
     /// An event the agent was about to append breaks a log rule (a bug in the caller's input,

@@ -225,15 +225,29 @@ impl Agents {
 
     /// [`Agents::new`] with the host's system prompt.
     pub fn with_prompt(store: Store, model: Arc<dyn Model>, prompt: Prompt) -> Self {
-        Agents {
-            inner: Arc::new(Registry {
-                store,
-                model,
-                prompt: Arc::new(prompt),
-                slots: Mutex::new(HashMap::new()),
-                watchers: Mutex::new(Vec::new()),
-            }),
-        }
+        let inner = Arc::new(Registry {
+            store,
+            model,
+            prompt: Arc::new(prompt),
+            slots: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(Vec::new()),
+        });
+        // A live agent whose lease the store lost stops and leaves the registry, also one that
+        // is idle and would never write to learn of it.
+        let registry = Arc::downgrade(&inner);
+        inner.store.watch_leases(move |session, loss| {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let live = match lock(&registry.slots).get(&session) {
+                Some(Slot::Live(agent)) => Some(agent.clone()),
+                _ => None,
+            };
+            if let Some(agent) = live {
+                agent.on_lease_lost(loss);
+            }
+        });
+        Agents { inner }
     }
 
     /// The store.

@@ -19,10 +19,17 @@ pub enum DiagnosticKind {
     NoticeUndelivered,
     /// A teardown (of a child's activation, for example) failed.
     TeardownFailed,
-    /// The store refused the agent's write because another host took its session over (on a
-    /// shared store, the session's lease passed to another holder): the agent wrote nothing
-    /// more and disposed of itself; the session is the other host's now.
+    /// The agent's lease on its session was lost (on a shared store): another host took the
+    /// session over (seen by the lease's renewal or by a refused write), or the database did not
+    /// answer for long enough that this host gave the lease up before another could take it.
+    /// The agent wrote nothing more and disposed of itself; the reason names the session and the
+    /// cause. A later resume on this host takes a new lease.
     Fenced,
+    /// The agent's log held events the store does not (a commit the store refused for the
+    /// session: its outcome was unknown and it met itself, or the session's write failed): the
+    /// agent stopped, wrote nothing more, and disposed of itself, so a resume reloads the
+    /// session from what the store holds.
+    LogAheadOfStore,
 }
 
 /// A failure of best-effort work, as the host sees it.

@@ -251,6 +251,25 @@ pub enum StoreError {
         /// The lease's token now.
         current: Option<u64>,
     },
+    /// The session's lease lapsed on this host: the database answered none of the lease's
+    /// renewals for `silent_ms`, so the store gave the lease up itself before another host could
+    /// take the session over (see [`crate::LeaseLoss::Lapsed`]). Nothing admitted since its last
+    /// durable write is kept, and the session is no longer this store's to write until it is
+    /// owned again.
+    #[error(
+        "session {session}'s lease (fencing token {fence}) lapsed: the database did not answer \
+         for {silent_ms} ms, so this host stopped writing the session before another host could \
+         take it over"
+    )]
+    LeaseLapsed {
+        /// The session.
+        session: SessionId,
+        /// The lapsed lease's token.
+        fence: u64,
+        /// How long the database had not answered, counted from the start of the lease's last
+        /// renewal that succeeded.
+        silent_ms: u64,
+    },
     /// [`crate::Store::delete`] with [`crate::DeleteRule::Refuse`] of a session that has stored
     /// children or forks: deleting it alone would leave them naming a parent that is gone.
     #[error(
@@ -412,6 +431,15 @@ impl StoreError {
 }
 
 impl StoreError {
+    /// Whether the session's lease was lost ([`StoreError::Fenced`] or
+    /// [`StoreError::LeaseLapsed`]): the session is no longer this store's to write.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Fenced { .. } | StoreError::LeaseLapsed { .. }
+        )
+    }
+
     /// The storage engine's failure, when that is what this error is (a [`StoreError::Storage`]
     /// or a [`StoreError::CommitFailed`]).
     pub fn engine(&self) -> Option<&EngineError> {

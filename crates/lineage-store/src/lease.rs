@@ -9,56 +9,149 @@
 //! instead of writing over the new holder's log, whatever its own clock says.
 //!
 //! A keeper thread renews every held lease each third of the lease's time (a late renewal keeps a
-//! lease that ran out if nobody took it over meanwhile). A lease a renewal or a write finds lost
-//! (taken over) is reported to the session's pending flushes at once, and every later write of
-//! the session through this store is refused until its owner is dropped. Leases are released
-//! when their owner is dropped and when the store closes; the token is kept, so the next holder's
-//! is larger.
+//! lease that ran out if nobody took it over meanwhile). It never waits on the database longer
+//! than a lease allows: each renewal runs on a short-lived thread of its own, and the keeper
+//! waits for its answer only until a lease's safe margin runs out. The database extends a lease
+//! from the moment it runs the renewal, so a lease lasts at least `lease_ttl` from the *start* of
+//! the last renewal that succeeded; once `lease_ttl - lease_ttl / 5` has passed since with no
+//! renewal answered, the store gives the lease up itself (it *lapses*, [`LeaseLoss::Lapsed`])
+//! before another host may take it, whatever became of the hung call (which the engine's own
+//! deadline ends; no second renewal starts while one is still out). A lease lost either way, or
+//! found taken over by a write, is reported to the session's pending flushes at once, every later
+//! write of the session through this store is refused until its owner is dropped, and the loss is
+//! announced to [`Store::watch_leases`]. Leases are released when their owner is dropped and when
+//! the store closes; the token is kept, so the next holder's is larger. A store whose leases
+//! lapsed works as before for sessions owned anew once the database answers again.
 //!
 //! The leases and the mailbox are the engine's [`Coordination`]. An embedded file has one writer
 //! (its lock says so), and its coordination (`OneWriter`) grants every lease with token 0: the
 //! same code runs on both engines.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lineage_log::SessionId;
 
 use crate::engine::{Coordination, LeaseState, Mail};
-use crate::writer::{Queue, Refusal, refuse};
+use crate::writer::{Queue, Refusal, State, refuse};
 use crate::{Store, StoreError};
+
+/// Why a lease this store held was lost (see [`Store::watch_leases`]). The session is no longer
+/// this store's to write: its pending flushes were refused, and so is every later write through
+/// this store until its owner is dropped (owning it again takes a new lease).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseLoss {
+    /// A renewal found the lease taken over by another holder (or released); `lease` is the
+    /// lease as it then stood (`None` when it could not be read).
+    TakenOver {
+        /// The lease as it stood.
+        lease: Option<LeaseState>,
+    },
+    /// The database answered no renewal for `silent` (counted from the start of the last one
+    /// that succeeded), which reached the lease's safe margin: the store gave the lease up
+    /// itself, before another host could take it over.
+    Lapsed {
+        /// How long the database had not answered.
+        silent: Duration,
+    },
+    /// A write of the session was refused by its lease, which another host had taken over;
+    /// `lease` is the lease as the write found it.
+    Refused {
+        /// The lease as it stood.
+        lease: Option<LeaseState>,
+    },
+}
+
+impl LeaseLoss {
+    /// The refusal of a write of `session` under the lost lease, whose token was `fence`.
+    pub fn error(&self, session: SessionId, fence: u64) -> StoreError {
+        match self {
+            LeaseLoss::TakenOver { lease } | LeaseLoss::Refused { lease } => StoreError::Fenced {
+                session,
+                fence: Some(fence),
+                holder: lease.as_ref().and_then(|l| l.holder),
+                current: lease.as_ref().map(|l| l.fence),
+            },
+            LeaseLoss::Lapsed { silent } => StoreError::LeaseLapsed {
+                session,
+                fence,
+                silent_ms: millis(*silent),
+            },
+        }
+    }
+}
+
+/// What is called with each lost lease (see [`Store::watch_leases`]).
+pub(crate) type LeaseWatch = Arc<dyn Fn(SessionId, LeaseLoss) + Send + Sync>;
 
 /// A held lease, as the writer's state keeps it.
 #[derive(Clone, Debug)]
 pub(crate) struct Held {
     pub fence: u64,
-    /// Set when a renewal or a write found the lease gone (taken over or released), with the
-    /// lease as it then stood: it is never renewed again, and every later write of the session
-    /// through this store is refused until its owner is dropped.
-    pub lost: Option<Option<LeaseState>>,
+    /// When the last call that extended the lease (its acquisition or a renewal) *started*: the
+    /// database's expiry is at least `lease_ttl` after it.
+    pub since: Instant,
+    /// Set when the lease was lost, with why: it is never renewed again, and every later write
+    /// of the session through this store is refused until its owner is dropped.
+    pub lost: Option<LeaseLoss>,
 }
 
 impl Held {
-    pub fn new(fence: u64) -> Held {
-        Held { fence, lost: None }
+    pub fn new(fence: u64, since: Instant) -> Held {
+        Held {
+            fence,
+            since,
+            lost: None,
+        }
     }
 
     /// The refusal of a write of `session` under this lost lease.
     pub fn refusal(&self, session: SessionId) -> Option<StoreError> {
-        let lease = self.lost.as_ref()?;
-        Some(StoreError::Fenced {
-            session,
-            fence: Some(self.fence),
-            holder: lease.as_ref().and_then(|l| l.holder),
-            current: lease.as_ref().map(|l| l.fence),
-        })
+        Some(self.lost.as_ref()?.error(session, self.fence))
     }
+}
+
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Marks `session`'s lease lost for `loss`, if the store still holds it with `fence` and it was
+/// not lost already, and queues the loss's announcement (see [`Queue::announce_losses`]). Says
+/// whether it was newly lost. The caller refuses the session's pending flushes.
+pub(crate) fn lose(state: &mut State, session: SessionId, fence: u64, loss: LeaseLoss) -> bool {
+    let Some(held) = state
+        .leases
+        .get_mut(&session)
+        .filter(|held| held.fence == fence && held.lost.is_none())
+    else {
+        return false;
+    };
+    tracing::warn!(%session, fence, ?loss, "the session's lease was lost; its writes are refused from now on");
+    held.lost = Some(loss.clone());
+    state.losses.push((session, loss));
+    true
+}
+
+/// What the keeper hears: a renewal's answer, or that the store is closing.
+enum Message {
+    Stop,
+    Renewed(Renewal),
+}
+
+/// One renewal's answer: the leases it asked for, when it started, and those it found lost with
+/// each lease as it then stood (or why it failed).
+struct Renewal {
+    started: Instant,
+    asked: Vec<(SessionId, u64)>,
+    outcome: Result<Vec<(SessionId, Option<LeaseState>)>, String>,
 }
 
 /// The thread that renews the store's leases.
 pub(crate) struct Keeper {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: Sender<Message>,
     handle: JoinHandle<()>,
 }
 
@@ -68,83 +161,173 @@ impl Keeper {
         queue: Arc<Queue>,
         ttl: Duration,
     ) -> std::io::Result<Keeper> {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let signal = stop.clone();
+        let (tx, rx) = channel();
+        let answers = tx.clone();
         let handle = std::thread::Builder::new()
             .name("lineage-store-leases".into())
-            .spawn(move || {
-                let (stopped, wake) = &*signal;
-                let mut stopped_now = stopped.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    stopped_now = wake
-                        .wait_timeout(stopped_now, ttl / 3)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                    if *stopped_now {
-                        return;
-                    }
-                    drop(stopped_now);
-                    renew(&*coordination, &queue, ttl);
-                    stopped_now = stopped.lock().unwrap_or_else(|p| p.into_inner());
-                }
-            })?;
-        Ok(Keeper { stop, handle })
+            .spawn(move || keep(&coordination, &queue, ttl, &answers, &rx))?;
+        Ok(Keeper { stop: tx, handle })
     }
 
-    /// Stops the thread and waits for it.
+    /// Stops the thread and waits for it (not for a renewal still out, which ends by itself).
     pub fn stop(self) {
-        let (stopped, wake) = &*self.stop;
-        *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        wake.notify_all();
+        let _ = self.stop.send(Message::Stop);
         if self.handle.join().is_err() {
             tracing::error!("the store's lease keeper panicked");
         }
     }
 }
 
-/// One renewal of every held lease. A failure to reach the database is logged and tried again
-/// next time (the lease may still be ours: the token decides).
-fn renew(coordination: &dyn Coordination, queue: &Queue, ttl: Duration) {
-    let held: Vec<_> = queue
+/// The keeper's loop: a renewal every third of `ttl` (none while one is out), leases lapsed as
+/// their margin runs out, losses announced.
+fn keep(
+    coordination: &Arc<dyn Coordination>,
+    queue: &Arc<Queue>,
+    ttl: Duration,
+    answers: &Sender<Message>,
+    messages: &Receiver<Message>,
+) {
+    let margin = ttl - ttl / 5;
+    let mut next_renewal = Instant::now() + ttl / 3;
+    let mut out = false;
+    loop {
+        let lapse_at = queue
+            .lock()
+            .leases
+            .values()
+            .filter(|held| held.lost.is_none())
+            .map(|held| held.since + margin)
+            .min();
+        let wake_at = [(!out).then_some(next_renewal), lapse_at]
+            .into_iter()
+            .flatten()
+            .min();
+        let message = match wake_at {
+            Some(at) => messages.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => messages.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match message {
+            Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(Message::Renewed(renewal)) => {
+                out = false;
+                settle(queue, renewal);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        lapse_overdue(queue, margin);
+        queue.announce_losses();
+        if !out && Instant::now() >= next_renewal {
+            out = start_renewal(coordination, queue, ttl, answers);
+            next_renewal = Instant::now() + ttl / 3;
+        }
+    }
+}
+
+/// Starts one renewal of every held lease on a thread of its own, which sends its answer to the
+/// keeper. Says whether one is out (none is when nothing is held).
+fn start_renewal(
+    coordination: &Arc<dyn Coordination>,
+    queue: &Queue,
+    ttl: Duration,
+    answers: &Sender<Message>,
+) -> bool {
+    let asked: Vec<_> = queue
         .lock()
         .leases
         .iter()
         .filter(|(_, held)| held.lost.is_none())
         .map(|(session, held)| (*session, held.fence))
         .collect();
-    if held.is_empty() {
-        return;
+    if asked.is_empty() {
+        return false;
     }
-    let lost = match crate::store::contained(|| coordination.renew(&held, ttl)) {
-        Ok(Ok(lost)) => lost,
-        Ok(Err(error)) => {
-            tracing::warn!(%error, leases = held.len(), "renewing the store's leases failed; trying again");
-            return;
+    let (coordination, answers) = (coordination.clone(), answers.clone());
+    let started = Instant::now();
+    let spawned = std::thread::Builder::new()
+        .name("lineage-store-renewal".into())
+        .spawn(move || {
+            let outcome = crate::store::contained(|| {
+                let lost = coordination.renew(&asked, ttl)?;
+                // Each lost lease as it now stands, for the refusal to name its holder.
+                Ok(lost
+                    .into_iter()
+                    .map(|session| (session, coordination.lease(session).ok().flatten()))
+                    .collect())
+            })
+            .and_then(|answer: Result<_, crate::EngineError>| answer.map_err(|e| e.to_string()));
+            let _ = answers.send(Message::Renewed(Renewal {
+                started,
+                asked,
+                outcome,
+            }));
+        });
+    match spawned {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(%error, "the lease renewal's thread did not start; trying again");
+            false
         }
-        Err(panic) => {
-            tracing::error!(panic, "renewing the store's leases panicked; trying again");
+    }
+}
+
+/// Acts on a renewal's answer: the leases it renewed count from its start, those it found lost
+/// are lost. A failure is logged and tried again next time (the lease may still be ours: the
+/// token decides, until its margin runs out).
+fn settle(queue: &Queue, renewal: Renewal) {
+    let lost = match renewal.outcome {
+        Ok(lost) => lost,
+        Err(error) => {
+            tracing::warn!(%error, leases = renewal.asked.len(), "renewing the store's leases failed; trying again");
             return;
         }
     };
-    for session in lost {
-        let renewed_fence = held.iter().find(|(s, _)| *s == session).map(|(_, f)| *f);
-        let lease = coordination.lease(session).ok().flatten();
-        let mut state = queue.lock();
-        // The lease asked about, not a newer one taken since (its owner dropped and taken again).
-        let Some(held) = state
+    let mut state = queue.lock();
+    for (session, fence) in renewal.asked {
+        if let Some((_, lease)) = lost.iter().find(|(s, _)| *s == session) {
+            let lease = lease.clone();
+            if lose(
+                &mut state,
+                session,
+                fence,
+                LeaseLoss::TakenOver {
+                    lease: lease.clone(),
+                },
+            ) {
+                let upto = state.tails.get(&session).map_or(0, |tail| tail.last_ticket);
+                let ours = Some(fence);
+                refuse(&mut state, session, upto, Refusal::Fenced { ours, lease });
+            }
+        } else if let Some(held) = state
             .leases
             .get_mut(&session)
-            .filter(|held| Some(held.fence) == renewed_fence)
-        else {
-            continue;
-        };
-        held.lost = Some(lease.clone());
-        let ours = Some(held.fence);
-        let upto = state.tails.get(&session).map_or(0, |tail| tail.last_ticket);
-        tracing::warn!(%session, ?lease, "the session's lease was lost; its writes are refused from now on");
-        refuse(&mut state, session, upto, Refusal::Fenced { ours, lease });
-        queue.wake_waiters.notify_all();
+            .filter(|held| held.fence == fence && held.lost.is_none())
+        {
+            held.since = held.since.max(renewal.started);
+        }
     }
+    queue.wake_waiters.notify_all();
+}
+
+/// Lapses every held lease whose last extension started more than `margin` ago.
+fn lapse_overdue(queue: &Queue, margin: Duration) {
+    let mut state = queue.lock();
+    let now = Instant::now();
+    let overdue: Vec<_> = state
+        .leases
+        .iter()
+        .filter(|(_, held)| held.lost.is_none() && now.duration_since(held.since) >= margin)
+        .map(|(session, held)| (*session, held.fence, now.duration_since(held.since)))
+        .collect();
+    if overdue.is_empty() {
+        return;
+    }
+    for (session, fence, silent) in overdue {
+        if lose(&mut state, session, fence, LeaseLoss::Lapsed { silent }) {
+            let upto = state.tails.get(&session).map_or(0, |tail| tail.last_ticket);
+            refuse(&mut state, session, upto, Refusal::Lapsed { fence, silent });
+        }
+    }
+    queue.wake_waiters.notify_all();
 }
 
 impl Store {
@@ -207,9 +390,22 @@ impl Store {
     /// says only "look again", and one may be missed while the store reconnects, so a watcher
     /// polls slowly as well.
     pub fn watch_mail(&self, wake: impl Fn() + Send + Sync + 'static) -> bool {
+        self.inner.coordination.watch_mail(Arc::new(wake))
+    }
+
+    /// Calls `lost` once for every lease this store loses, with the session and why (see
+    /// [`LeaseLoss`]): found taken over by a renewal, lapsed because the database did not answer,
+    /// or a write refused by it. It runs on the store's own threads, after the session's pending
+    /// flushes were refused, and must return at once (notify a task); a panic in it is contained
+    /// and logged. Every watcher registered hears every loss from then on. An embedded file
+    /// loses no leases.
+    pub fn watch_leases(&self, lost: impl Fn(SessionId, LeaseLoss) + Send + Sync + 'static) {
         self.inner
-            .coordination
-            .watch_mail(std::sync::Arc::new(wake))
+            .queue
+            .lease_watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(lost));
     }
 
     /// One call of the coordination's, its panic contained and its failure the store's.

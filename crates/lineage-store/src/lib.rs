@@ -43,6 +43,7 @@ pub use delete::{DeleteRule, Deleted};
 pub use engine::{LeaseState, Mail, display_location, is_database_url};
 pub use error::{EngineError, EngineErrorKind, NotDurable, Result, StoreError};
 pub use layout::{MAX_BLOCK_BYTES, MAX_BLOCK_RECORDS, MAX_RECORD_BYTES};
+pub use lease::LeaseLoss;
 pub use owners::SessionOwner;
 pub use scan::Scan;
 pub use store::{

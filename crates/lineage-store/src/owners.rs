@@ -110,11 +110,13 @@ impl Store {
         // What was admitted without the lease goes first, under the rules of a write without one.
         self.flush_before_read(session)?;
         let ttl = self.inner.options.lease_ttl;
+        // The lease lasts at least `ttl` from before the call: its margin counts from here.
+        let asked_at = std::time::Instant::now();
         let acquired = self.coordinate(|c| c.acquire(session, ttl))?;
         match acquired {
             Acquired::Granted { fence } => {
                 let mut state = self.inner.queue.lock();
-                state.leases.insert(session, Held::new(fence));
+                state.leases.insert(session, Held::new(fence, asked_at));
                 owner.fence = Some(fence);
                 // Another host may have written since this store last read the session (a
                 // session created here and not yet written is this store's alone).

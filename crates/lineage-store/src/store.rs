@@ -608,8 +608,17 @@ impl Store {
         if events.is_empty() {
             return Ok(());
         }
-        self.ensure_tail(session)?;
         let queue = &self.inner.queue;
+        // Refused before anything is read: a lease that lapsed may mean a silent database.
+        if let Some(refusal) = queue
+            .lock()
+            .leases
+            .get(&session)
+            .and_then(|h| h.refusal(session))
+        {
+            return Err(refusal);
+        }
+        self.ensure_tail(session)?;
         // Validate against a snapshot of the tail outside the lock (in order: each event's seq,
         // shape and place, so the first offending event is the one named), then encode, which
         // walks only values already known to be well formed. If another admission to the same
@@ -683,6 +692,21 @@ impl Store {
             None => state.refused.get(&session).map_or(0, |r| r.upto),
         };
         self.inner.queue.wait_durable(state, Some(session), target)
+    }
+
+    /// The seq the next event admitted to `session` must carry, as this store's writer knows it:
+    /// what is stored plus what was admitted and is not yet durable. `None` when the writer keeps
+    /// no tail for the session (nothing of it is waiting; after a commit refused the session's
+    /// write, what was admitted to it is dropped with its tail): the next admission reads it
+    /// from the store. A live writer compares it with its own log to learn whether the store
+    /// still holds everything it admitted.
+    pub fn admitted_next_seq(&self, session: SessionId) -> Option<u64> {
+        self.inner
+            .queue
+            .lock()
+            .tails
+            .get(&session)
+            .map(|tail| tail.next_seq)
     }
 
     /// Flushes what was admitted to `session` before reading it. A batch a commit refused (another

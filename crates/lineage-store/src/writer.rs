@@ -24,6 +24,7 @@ use crate::engine::{CommitError, Committed, Deletion, Engine, LeaseState, Sessio
 use crate::error::{EngineError, NotDurable};
 use crate::fill::{OpenRun, Ratio, lay_out};
 use crate::layout::{SessionRecord, encode_block};
+use crate::lease::{LeaseLoss, LeaseWatch, lose};
 use crate::store::contained;
 use crate::{EngineErrorKind, Result, StoreError, StoreOptions};
 
@@ -108,6 +109,9 @@ pub(crate) struct State {
     /// What the round being committed took of each session: its seqs and the ticket of its first
     /// block. Not durable until the round ends, though no longer queued.
     pub committing: HashMap<SessionId, (std::ops::Range<u64>, u64)>,
+    /// Leases lost and not yet announced to the store's lease watchers (see
+    /// [`Queue::announce_losses`]).
+    pub losses: Vec<(SessionId, LeaseLoss)>,
 }
 
 /// Why a committed round refused one session's write.
@@ -131,6 +135,11 @@ pub(crate) enum Refusal {
         ours: Option<u64>,
         lease: Option<LeaseState>,
     },
+    /// The session's lease (`fence`) lapsed: the database answered no renewal for `silent`.
+    Lapsed {
+        fence: u64,
+        silent: std::time::Duration,
+    },
     Failed(EngineError),
 }
 
@@ -150,6 +159,11 @@ impl Refused {
                 holder: lease.as_ref().and_then(|l| l.holder),
                 current: lease.as_ref().map(|l| l.fence),
             },
+            Refusal::Lapsed { fence, silent } => StoreError::LeaseLapsed {
+                session,
+                fence: *fence,
+                silent_ms: crate::lease::millis(*silent),
+            },
             Refusal::Failed(source) => StoreError::CommitFailed {
                 source: source.clone(),
                 not_durable: Vec::new(),
@@ -162,6 +176,8 @@ pub(crate) struct Queue {
     pub state: Mutex<State>,
     pub wake_writer: Condvar,
     pub wake_waiters: Condvar,
+    /// Who hears of each lost lease (see `Store::watch_leases`).
+    pub lease_watchers: Mutex<Vec<LeaseWatch>>,
 }
 
 impl Queue {
@@ -170,6 +186,7 @@ impl Queue {
             state: Mutex::new(State::default()),
             wake_writer: Condvar::new(),
             wake_waiters: Condvar::new(),
+            lease_watchers: Mutex::new(Vec::new()),
         }
     }
 
@@ -184,6 +201,27 @@ impl Queue {
         // A poisoned lock means a panic while holding it; the state is plain data whose every
         // mutation completes before any call that could panic, so it is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tells the lease watchers of every lease lost since the last call. Called with no lock
+    /// held, so a watcher may call into the store.
+    pub fn announce_losses(&self) {
+        let losses = std::mem::take(&mut self.lock().losses);
+        if losses.is_empty() {
+            return;
+        }
+        let watchers = self
+            .lease_watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (session, loss) in losses {
+            for watcher in &watchers {
+                if let Err(panic) = contained(|| watcher(session, loss.clone())) {
+                    tracing::error!(%session, panic, "a lease watcher panicked");
+                }
+            }
+        }
     }
 
     /// Queues `blocks` for `session` (whose tail is already updated) and wakes the writer.
@@ -411,7 +449,10 @@ pub(crate) fn run(engine: Arc<dyn Engine>, queue: Arc<Queue>, options: StoreOpti
         ratio: Ratio::default(),
         doubt: None,
     };
-    while writer.next_round() {}
+    while writer.next_round() {
+        queue.announce_losses();
+    }
+    queue.announce_losses();
 }
 
 impl Writer {
@@ -705,12 +746,11 @@ impl Writer {
                 },
                 Written::Fenced { lease } => {
                     // The lease is lost for good: later writes are refused here at once.
-                    if let Some(held) = state
-                        .leases
-                        .get_mut(&taken.session)
-                        .filter(|held| Some(held.fence) == taken.fence)
-                    {
-                        held.lost = Some(lease.clone());
+                    if let Some(fence) = taken.fence {
+                        let loss = LeaseLoss::Refused {
+                            lease: lease.clone(),
+                        };
+                        lose(state, taken.session, fence, loss);
                     }
                     Refusal::Fenced {
                         ours: taken.fence,

@@ -9,7 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lineage_store::{Store, StoreError, StoreOptions};
+use lineage_log::SessionId;
+use lineage_store::{LeaseLoss, Store, StoreError, StoreOptions};
 use lineage_testkit::postgres::postgres;
 
 /// Makes every live lease in the database at `url` expire now, as if its holder had stopped
@@ -398,4 +399,218 @@ fn a_lease_time_out_of_range_is_refused_when_the_store_opens() {
             other => panic!("{ttl:?}: expected InvalidOption, got {other:?}"),
         }
     }
+}
+
+/// `url` with its port replaced by `port`: the same database through a proxy.
+fn through(url: &str, port: u16) -> String {
+    let (authority, database) = url.rsplit_once('/').expect("a database URL");
+    let (host, _) = authority.rsplit_once(':').expect("a port");
+    format!("{host}:{port}/{database}")
+}
+
+/// What a store's lease watcher heard, in order.
+fn watch(store: &Store) -> std::sync::Arc<std::sync::Mutex<Vec<(SessionId, LeaseLoss, Instant)>>> {
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = heard.clone();
+    store.watch_leases(move |session, loss| {
+        sink.lock().unwrap().push((session, loss, Instant::now()));
+    });
+    heard
+}
+
+/// Polls `done` every 10 ms until it holds or `bound` passes; says whether it held.
+fn within(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + bound;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_lease_taken_over_is_announced_once_to_the_watchers_by_the_keeper() {
+    let url = postgres().create_database();
+    let ttl = Duration::from_millis(300);
+    let a = Store::open_with(
+        &url,
+        StoreOptions {
+            lease_ttl: ttl,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let heard = watch(&a);
+    let owner = a.own(id).unwrap();
+
+    // A writes nothing; B takes the expired lease over. A's keeper finds it at its next renewal.
+    expire_leases(&url);
+    let taken = b.own(id).unwrap();
+    assert!(
+        within(ttl * 2, || !heard.lock().unwrap().is_empty()),
+        "A's watcher hears of the takeover within a renewal period or two"
+    );
+    std::thread::sleep(ttl);
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(heard.len(), 1, "once per lost lease: {heard:?}");
+    match &heard[0] {
+        (session, LeaseLoss::TakenOver { lease: Some(lease) }, _) => {
+            assert_eq!(*session, id);
+            assert_eq!(
+                (lease.holder, lease.fence),
+                (Some(b.holder()), taken.fence().unwrap())
+            );
+        }
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+    assert!(matches!(
+        a.append(id, &completed_turn(2, 6, "a's, too late")),
+        Err(StoreError::Fenced { .. })
+    ));
+    drop(owner);
+}
+
+/// A host whose database stops answering (its connections left open and silent) gives its
+/// leases up itself, `lease_ttl - lease_ttl / 5` after the start of its last renewal that
+/// succeeded: before the database lets another host take them. Its pending flush is refused
+/// saying so, its watcher hears why, and once the database answers again it owns sessions anew.
+#[test]
+fn a_host_whose_database_goes_silent_fences_itself_off_before_another_may_take_over() {
+    use lineage_testkit::proxy::Proxy;
+    let server = postgres();
+    let url = server.create_database();
+    let proxy = Proxy::start(server.port());
+    let ttl = Duration::from_millis(600);
+    let a = Store::open_with(
+        through(&url, proxy.port()),
+        StoreOptions {
+            lease_ttl: ttl,
+            commit_window: Duration::from_secs(3600),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let heard = watch(&a);
+    let owner = a.own(id).unwrap();
+    let fence = owner.fence().unwrap();
+    a.admit(id, &completed_turn(2, 6, "a's, never answered"))
+        .unwrap();
+
+    proxy.stall(true);
+    let stalled_at = Instant::now();
+    // B asks all along; the database grants it only once A's lease expired.
+    let b_owner = loop {
+        match b.own(id) {
+            Ok(owner) => break owner,
+            Err(StoreError::HeldElsewhere { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(other) => panic!("B's own failed: {other}"),
+        }
+        assert!(stalled_at.elapsed() < ttl * 5, "B never got the lease");
+    };
+    let b_got_it = Instant::now();
+    let (session, loss, lost_at) = heard
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .expect("A's loss was announced");
+    assert_eq!(session, id);
+    assert!(
+        matches!(loss, LeaseLoss::Lapsed { silent } if silent >= ttl - ttl / 5),
+        "{loss:?}"
+    );
+    assert!(
+        lost_at < b_got_it,
+        "A fenced itself off {:?} after the stall, B got the lease {:?} after it",
+        lost_at - stalled_at,
+        b_got_it - stalled_at
+    );
+    // The pending flush is refused at once, naming the session and the silence.
+    let refused_by = Instant::now();
+    match a.flush(id) {
+        Err(
+            error @ StoreError::LeaseLapsed {
+                session,
+                fence: f,
+                silent_ms,
+            },
+        ) => {
+            assert_eq!((session, f), (id, fence));
+            assert!(silent_ms >= millis(ttl - ttl / 5));
+            let message = error.to_string();
+            assert!(
+                message.contains(&id.to_string()) && message.contains("did not answer"),
+                "{message}"
+            );
+        }
+        other => panic!("expected LeaseLapsed, got {other:?}"),
+    }
+    assert!(
+        refused_by.elapsed() < ttl,
+        "the refusal does not wait on the database"
+    );
+    assert!(matches!(
+        a.admit(id, &completed_turn(2, 6, "later")),
+        Err(StoreError::LeaseLapsed { .. })
+    ));
+
+    // The database answers again: A's late write is refused by B's lease, the log is B's, and A
+    // owns the session anew once B lets go.
+    proxy.stall(false);
+    drop(b_owner);
+    drop(owner);
+    let again = within(ttl * 10, || a.own(id).map(drop).is_ok());
+    assert!(again, "A owns the session again once the database answers");
+    assert_eq!(
+        b.info(id).unwrap().len,
+        6,
+        "nothing of A's stalled write is stored"
+    );
+    assert_eq!(heard.lock().unwrap().len(), 1, "one loss, announced once");
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap()
+}
+
+/// Every owner starts a tenure with a larger token, also when the same store takes the session
+/// again while its own earlier lease is still live (its release never reached the database).
+#[test]
+fn owning_again_after_a_failed_release_raises_the_token() {
+    use lineage_testkit::proxy::{Cut, Proxy};
+    let server = postgres();
+    let url = server.create_database();
+    let proxy = Proxy::start(server.port());
+    let a = Store::open(through(&url, proxy.port())).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let first = a.own(id).unwrap();
+    let first_fence = first.fence().unwrap();
+
+    // The release's parameters start with the session and the holder (16 bytes each, binary).
+    let mut release = id.as_uuid().as_bytes().to_vec();
+    release.extend_from_slice(&16u32.to_be_bytes());
+    release.extend_from_slice(a.holder().as_bytes());
+    proxy.cut_next(Cut::Before(release));
+    drop(first);
+    assert_eq!(proxy.cuts(), 1, "the release never reached the database");
+    let lease = a.lease(id).unwrap().unwrap();
+    assert!(lease.is_live() && lease.holder == Some(a.holder()) && lease.fence == first_fence);
+
+    let second = a.own(id).unwrap();
+    assert!(
+        second.fence().unwrap() > first_fence,
+        "a new tenure has a larger token: {:?} after {first_fence}",
+        second.fence()
+    );
 }

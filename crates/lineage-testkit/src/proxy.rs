@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// How the proxy cuts the connection that sends a message holding the marker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +32,19 @@ impl Cut {
 struct Control {
     armed: Mutex<Option<Cut>>,
     cuts: AtomicU64,
+    /// While set, nothing passes either way (see [`Proxy::stall`]).
+    stalled: (Mutex<bool>, Condvar),
+}
+
+impl Control {
+    /// Returns once the proxy is not stalled.
+    fn wait_while_stalled(&self) {
+        let (stalled, resumed) = &self.stalled;
+        let mut now = stalled.lock().unwrap_or_else(|p| p.into_inner());
+        while *now {
+            now = resumed.wait(now).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// A running proxy. Its listener lives as long as the test process.
@@ -74,6 +87,16 @@ impl Proxy {
         *self.control.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(cut);
     }
 
+    /// Stalls every connection (`true`) or lets them go on (`false`): while stalled, what either
+    /// side sends is held, and the connections stay open, as over a network that went silent
+    /// (a partition, a dead machine: the half-open connection a client cannot tell from a slow
+    /// server). Once the stall ends, what was held passes in order.
+    pub fn stall(&self, on: bool) {
+        let (stalled, resumed) = &self.control.stalled;
+        *stalled.lock().unwrap_or_else(|p| p.into_inner()) = on;
+        resumed.notify_all();
+    }
+
     /// How many connections were cut.
     pub fn cuts(&self) -> u64 {
         self.control.cuts.load(Ordering::SeqCst)
@@ -107,6 +130,7 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     };
     // Set when the server's next answer is to be dropped and the connection closed.
     let lose_answer = Arc::new(AtomicBool::new(false));
+    let down_control = control.clone();
     let ends = Arc::new((client_end, server_end));
     let close = move |ends: &(TcpStream, TcpStream)| {
         let _ = ends.0.shutdown(Shutdown::Both);
@@ -116,6 +140,7 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
         let (lose_answer, ends) = (lose_answer.clone(), ends.clone());
         move || {
             pump(client_in, server, |chunk| {
+                control.wait_while_stalled();
                 let cut = {
                     let mut armed = control.armed.lock().unwrap_or_else(|p| p.into_inner());
                     let hit = armed
@@ -141,7 +166,10 @@ fn relay(client: TcpStream, server: TcpStream, control: Arc<Control>) {
     };
     let downstream = move || {
         // Once the server has answered the message, the client never hears it.
-        pump(server_in, client, |_| !lose_answer.load(Ordering::SeqCst));
+        pump(server_in, client, |_| {
+            down_control.wait_while_stalled();
+            !lose_answer.load(Ordering::SeqCst)
+        });
         close(&ends);
     };
     let _ = std::thread::Builder::new()
@@ -193,5 +221,21 @@ mod tests {
         assert_eq!(exchange(b"COMMIT"), None, "the message is dropped");
         assert_eq!(exchange(b"COMMIT").as_deref(), Some(&b"COMMIT"[..]));
         assert_eq!(proxy.cuts(), 2);
+
+        // Stalled, a message is held with its connection open; it passes once the stall ends.
+        let mut stream = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        proxy.stall(true);
+        stream.write_all(b"held").unwrap();
+        let mut answer = [0u8; 4];
+        assert!(stream.read_exact(&mut answer).is_err(), "nothing passes");
+        proxy.stall(false);
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"held");
     }
 }

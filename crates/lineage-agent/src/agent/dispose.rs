@@ -135,15 +135,15 @@ impl Agent {
         }
         self.when_idle().await;
         let fault = self.disposal.injected_fault();
-        let fenced = lock(&self.state).fenced.clone();
-        let outcome = match (fault, fenced) {
+        let stopped = lock(&self.state).stopped.as_ref().map(|s| s.error.clone());
+        let outcome = match (fault, stopped) {
             // Nothing more is the agent's to write: its final flush would only be refused.
-            (_, Some(fenced)) => Err(fenced),
+            (_, Some(stopped)) => Err(stopped),
             (Some(error), None) => Err(Arc::new(error)),
             (None, None) => self.flush_store().await.map_err(Arc::new),
         };
         if let Err(error) = &outcome
-            && !self.is_fenced()
+            && lock(&self.state).stopped.is_none()
         {
             self.diagnose(
                 DiagnosticKind::FinalFlushFailed,

@@ -28,11 +28,8 @@ impl Agent {
         if st.released {
             return Err(AgentError::NotLive { agent: self.id });
         }
-        if let Some(fenced) = &st.fenced {
-            return Err(AgentError::Fenced {
-                agent: self.id,
-                reason: fenced.to_string(),
-            });
+        if let Some(stopped) = &st.stopped {
+            return Err(stopped.refusal(self.id));
         }
         let event = Event::new(st.log.next_seq(), now_ms(), body);
         let batch = std::slice::from_ref(&event);

@@ -32,7 +32,7 @@ mod ownership;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lineage_log::{BudgetReached, Header, Log, SessionId, Text, own_suffix};
-use lineage_store::{SessionOwner, Store, StoreError};
+use lineage_store::{SessionOwner, Store};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -79,9 +79,9 @@ struct State {
     /// `dispose`: disposed without having written anything: the store forgot the session and its
     /// id is free, so nothing more may be appended under it.
     released: bool,
-    /// `ownership`: the store refused a write because another host took the session over (its
-    /// lease's fencing token moved on): the agent writes nothing more and disposes of itself.
-    fenced: Option<Arc<StoreError>>,
+    /// `ownership`: why the agent stopped writing for good (its lease was lost, or the store
+    /// does not hold its log): it writes nothing more and disposes of itself.
+    stopped: Option<ownership::Stopped>,
     /// `events`: who hears the agent's events.
     subscribers: Subscribers,
 }
@@ -176,7 +176,7 @@ impl Agent {
                 phase: Phase::Idle { last_turn },
                 disposing: false,
                 released: false,
-                fenced: None,
+                stopped: None,
                 subscribers: Subscribers::default(),
             }),
             idle: watch::Sender::new(true),

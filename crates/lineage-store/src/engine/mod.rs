@@ -249,8 +249,9 @@ pub(crate) trait Coordination: Send + Sync {
     /// The id this store handle holds leases under.
     fn holder(&self) -> uuid::Uuid;
 
-    /// Takes `session`'s lease for this store's holder for `ttl`, or renews it; a takeover of
-    /// another holder's expired lease (or of a released one) raises the fencing token.
+    /// Takes `session`'s lease for this store's holder for `ttl`: free, released, expired, or
+    /// this holder's own (a release that failed). Each acquisition starts a tenure and raises the
+    /// fencing token (an engine with one writer grants token 0 every time).
     fn acquire(
         &self,
         session: SessionId,

@@ -183,12 +183,14 @@ const LEASE: &str = "
 SELECT holder, fence, GREATEST(COALESCE(EXTRACT(EPOCH FROM expires_at - now()) * 1000, 0), 0)::bigint
 FROM lineage_leases WHERE session = $1 FOR SHARE";
 /// Takes a lease (`$1` session, `$2` holder, `$3` milliseconds): free, released or expired, or
-/// already this holder's. A takeover raises the token; a renewal of a live lease keeps it.
+/// already this holder's. Every acquisition starts a tenure and raises the token, even over this
+/// holder's own live lease (one whose release failed): a tenure's writes are told from an earlier
+/// one's by the token alone. Renewals (`RENEW`) keep it.
 const ACQUIRE: &str = "
 INSERT INTO lineage_leases AS l (session, holder, expires_at, fence)
 VALUES ($1, $2, now() + $3::float8 * interval '1 millisecond', 1)
 ON CONFLICT (session) DO UPDATE SET
-    fence = CASE WHEN l.holder = $2 AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
+    fence = l.fence + 1,
     holder = $2,
     expires_at = now() + $3::float8 * interval '1 millisecond'
 WHERE l.holder IS NULL OR l.holder = $2 OR l.expires_at <= now()

@@ -493,6 +493,11 @@ impl Mailbox {
     /// (or discarded there with an event when it cannot be delivered), then taken out. What
     /// fails on the way leaves it in the mailbox, for the next look.
     async fn serve_piece(&self, recipient: &Arc<Agent>, piece: &Mail, via: Via<'_>) {
+        // An agent whose lease another host took over is not the recipient any more (even before
+        // this host lets it go): the mail is the new holder's.
+        if !self.holds_here(recipient).await {
+            return;
+        }
         let id = piece.id;
         match self.on_store(move |store| store.claim_mail(id)).await {
             Ok(true) => {}

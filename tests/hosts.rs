@@ -1079,3 +1079,258 @@ async fn an_interrupt_a_report_and_a_notice_cross_hosts_by_mail() {
     .await;
     drop(a);
 }
+
+// ----- takeovers: accepted input runs, notices go by mail, ids deliver once ---------------------
+
+/// Makes the lease of `session` expire now, as if its holder had stopped renewing it.
+fn expire_lease(url: &str, session: SessionId) {
+    postgres().psql(
+        url,
+        &format!(
+            "UPDATE lineage_leases SET expires_at = now() - interval '1 second' \
+             WHERE session = '{session}'"
+        ),
+    );
+}
+
+/// How many times `events` splice the message `id` into an inbox.
+fn spliced_count(events: &[Event], id: lineage::log::MessageId) -> usize {
+    events
+        .iter()
+        .flat_map(spliced_in)
+        .filter(|m| m.id == id)
+        .count()
+}
+
+/// How many user messages with id `id` (claimed into a turn) `events` hold.
+fn claimed_count(events: &[Event], id: lineage::log::MessageId) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(&e.body, EventBody::UserMessage(m) if m.id == id))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_queued() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    // A's turn never answers (A is paused in it); the three queued follow-ups are answered on B.
+    let never = Gate::new();
+    router.script(
+        "q",
+        [
+            Response::text("A's answer, never given").gated(&never),
+            Response::text("answer 1"),
+            Response::text("answer 2"),
+            Response::text("answer 3"),
+        ],
+    );
+    let a = host(&url, &router);
+    let lead = fresh_lead(&a).await;
+    let child = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, "q", "first job"))
+        .await
+        .unwrap()
+        .child;
+    router.model("q").wait_for_requests(1).await;
+    let mut queued = Vec::new();
+    for n in 1..=3 {
+        let id = follow_up(&a, &lead, child, format!("follow-up {n}"))
+            .await
+            .expect("the child on A accepts the follow-up behind its turn");
+        queued.push(id);
+    }
+
+    // A is paused past its leases; B resumes the lead, finds the child's holder gone, and runs
+    // what the child had accepted.
+    expire_leases(&url);
+    let b = host(&url, &router);
+    let lead_b = b.resume(lead.id(), parent_spec(vec![])).await.unwrap();
+    eventually("the lead on B hears of the child", || {
+        settled_notices(&lead_b.events())
+            .iter()
+            .any(|n| notice_sender(n) == child)
+    })
+    .await;
+    eventually("the child is torn down on B", || {
+        !b.subagents.is_resident(child)
+    })
+    .await;
+
+    let log = stored(&url, child);
+    assert_balanced(&log);
+    assert_eq!(
+        user_texts(&log),
+        ["first job", "follow-up 1", "follow-up 2", "follow-up 3"]
+    );
+    for id in &queued {
+        assert_eq!(claimed_count(&log, *id), 1, "follow-up {id} ran once");
+    }
+    let answers = lineage_testkit::read::assistant_texts(&log);
+    for answer in ["answer 1", "answer 2", "answer 3"] {
+        let times = answers.iter().filter(|a| a.as_str() == answer).count();
+        assert_eq!(times, 1, "{answer:?} once in {answers:?}");
+    }
+    assert_eq!(
+        lineage_testkit::read::turn_ends(&log),
+        [
+            TurnEndReason::Interrupted,
+            TurnEndReason::Completed,
+            TurnEndReason::Completed,
+            TurnEndReason::Completed
+        ],
+        "A's torn turn closed by B, then one turn per follow-up"
+    );
+    let tenures = tenures(&log);
+    assert_eq!(tenures.len(), 2, "{tenures:?}");
+    assert_eq!(tenures[1].0, b.store.holder().to_string());
+    assert!(tenures[0].1 < tenures[1].1);
+    assert_eq!(settled_notices(&lead_b.events()).len(), 1, "one notice");
+    assert_verifies(&b.store);
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_notice_reaches_its_parent_by_mail_on_the_host_that_took_the_parent_over() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let gate = Gate::new();
+    router.script("g", [Response::text("g is done").gated(&gate)]);
+    let a = host(&url, &router);
+    let lead = fresh_lead(&a).await;
+    let child = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, "g", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+
+    // The lead's lease runs out on A (its child's does not) and B takes the lead over; A's
+    // registry may still hold its stale lead.
+    expire_lease(&url, lead.id());
+    let b = host(&url, &router);
+    let lead_b = b.resume(lead.id(), parent_spec(vec![])).await.unwrap();
+    assert!(a.subagents.is_resident(child), "the child stays with A");
+
+    // The child settles on A: its notice goes by mail to the lead on B.
+    gate.open();
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&lead_b.events()).is_empty()
+    })
+    .await;
+    eventually("the child is torn down on A", || {
+        !a.subagents.is_resident(child)
+    })
+    .await;
+    eventually("the notice is taken out of the mailbox", || {
+        b.store.mail_for(&[lead.id()]).unwrap().is_empty()
+    })
+    .await;
+    let notices = settled_notices(&stored(&url, lead.id()));
+    assert_eq!(notices.len(), 1, "in the lead's log once: {notices:?}");
+    assert_eq!(notice_sender(&notices[0]), child);
+    assert!(
+        settled_notices(&lead.events()).is_empty(),
+        "the stale lead on A was not handed the notice"
+    );
+    assert_verifies(&b.store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_id_sent_twice_across_hosts_arrives_once_and_a_withdrawn_one_never() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let gate = Gate::new();
+    router.script(
+        "c",
+        [
+            Response::text("c's first turn").gated(&gate),
+            Response::text("c's second turn"),
+            Response::text("c's third turn"),
+        ],
+    );
+    // Host A serves no mail until told to: a follow-up posted to it waits, unclaimed.
+    let store_a = Store::open(&url).unwrap();
+    let agents_a = lineage::agent::Agents::new(store_a, router.clone());
+    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
+    runtime_a
+        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
+        .unwrap();
+    let lead = agents_a
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let lead_id = lead.id();
+    let child = runtime_a
+        .start_continuable("spawn", continuable(&lead, "c", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+    agents_a.dispose(lead_id).await;
+    let b = host(&url, &router);
+    let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
+    let request = |text: &str, id| lineage::subagent::FollowupRequest {
+        message_id: Some(id),
+        ..lineage::subagent::FollowupRequest::new(lead_b.clone(), child, text)
+    };
+
+    // Cancelled while its mail waits: taken back, refused, and never delivered later.
+    let withdrawn = lineage::log::MessageId::new();
+    let cancelled = {
+        let sending = request("withdrawn, then retried", withdrawn);
+        let cancel = sending.cancel.clone();
+        let sender = b.subagents.clone();
+        let sent = tokio::spawn(async move { sender.send_followup(&sending).await });
+        eventually("the follow-up's mail is posted", || {
+            !b.store.mail_for(&[child]).unwrap().is_empty()
+        })
+        .await;
+        cancel.cancel(lineage::log::AbortCause::User);
+        sent.await.unwrap()
+    };
+    let error = cancelled.expect_err("the follow-up is refused");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::Cancelled,
+        "{error}"
+    );
+    assert!(b.store.mail_for(&[child]).unwrap().is_empty(), "withdrawn");
+
+    // A serves mail from now on: the same id twice arrives once.
+    let _serving = runtime_a.serve_mail().unwrap();
+    let twice = lineage::log::MessageId::new();
+    for _ in 0..2 {
+        let sent = b
+            .subagents
+            .send_followup(&request("sent twice", twice))
+            .await;
+        assert_eq!(sent.unwrap(), twice);
+    }
+    assert!(!b.subagents.is_resident(child), "the child stayed on A");
+    // A retry of the refused id is a new delivery, once.
+    let retried = b
+        .subagents
+        .send_followup(&request("withdrawn, then retried", withdrawn))
+        .await;
+    assert_eq!(retried.unwrap(), withdrawn);
+
+    gate.open();
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&lead_b.events()).is_empty()
+    })
+    .await;
+    let log = stored(&url, child);
+    assert_eq!(
+        user_texts(&log),
+        ["first job", "sent twice", "withdrawn, then retried"]
+    );
+    assert_eq!(spliced_count(&log, twice), 1);
+    assert_eq!(spliced_count(&log, withdrawn), 1, "the retry only");
+    assert_balanced(&log);
+}

@@ -226,7 +226,7 @@ pub(crate) struct ChildPlan {
 
 /// Refuses a parent that is not the exact live agent of `agents`, or is being disposed.
 pub(crate) fn check_parent(agents: &Agents, parent: &Arc<Agent>) -> Result<(), SubagentError> {
-    if !agents.is_live(parent) || parent.is_disposing() {
+    if !crate::continuation::is_live_agent(agents, parent) {
         return Err(SubagentError::new(
             ErrorCode::ParentUnavailable,
             format!(

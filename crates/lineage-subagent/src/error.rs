@@ -42,6 +42,10 @@ pub enum ErrorCode {
     NotResumable,
     /// Tearing down one or more activations failed (each failure is named in the message).
     ActivationTeardownFailed,
+    /// The store could not say whether a follow-up was delivered (its mail was posted, then the
+    /// database stopped answering): the follow-up may or may not be delivered. Retry with the
+    /// same message id, which delivers it at most once.
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
@@ -62,6 +66,7 @@ impl ErrorCode {
             ErrorCode::ActivationClosing => "ACTIVATION_CLOSING",
             ErrorCode::NotResumable => "NOT_RESUMABLE",
             ErrorCode::ActivationTeardownFailed => "ACTIVATION_TEARDOWN_FAILED",
+            ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
         }
     }
 }
@@ -195,6 +200,7 @@ mod tests {
     #[test]
     fn codes_have_stable_names_and_depth_errors_keep_their_numbers() {
         assert_eq!(ErrorCode::NoProvider.as_str(), "NO_PROVIDER");
+        assert_eq!(ErrorCode::OutcomeUnknown.as_str(), "OUTCOME_UNKNOWN");
         assert_eq!(
             ErrorCode::UnsupportedCapability.to_string(),
             "UNSUPPORTED_CAPABILITY"

@@ -38,8 +38,8 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use birth::{DELEGATION_CONTEXT, capture_policy, child_depth, child_options, child_spec};
 pub use continuation::{
-    Authority, ContinuableRequest, ContinuableStarted, MAIL_DISCARDED_EVENT, MAIL_POLL,
-    ReportDelivery,
+    Authority, ContinuableRequest, ContinuableStarted, FollowupRequest, MAIL_DISCARDED_EVENT,
+    MAIL_POLL, ReportDelivery,
 };
 pub use contract::{
     Capabilities, Capability, ChildOptions, ContinuableCreate, ContinuableSpec, DelegatedPolicy,

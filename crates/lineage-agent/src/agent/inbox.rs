@@ -95,6 +95,23 @@ impl Agent {
         Ok(())
     }
 
+    /// Wakes the agent for the input already pending (restored by a resume, or parked by a
+    /// cancel), as a waking send would without adding any: on an idle agent a turn starts and
+    /// claims it. Returns whether anything was pending; with nothing pending nothing happens.
+    pub fn run_pending(self: &Arc<Self>) -> bool {
+        let opened = {
+            let mut st = lock(&self.state);
+            if !st.inbox.has_pending() {
+                return false;
+            }
+            self.wake(&mut st, false)
+        };
+        if let Some(opened) = opened {
+            self.spawn_driver(opened);
+        }
+        true
+    }
+
     /// Removes the pending message `id`, cancelling it durably. Returns whether it was pending.
     pub fn remove_pending(&self, id: MessageId) -> Result<bool, AgentError> {
         let mut st = lock(&self.state);

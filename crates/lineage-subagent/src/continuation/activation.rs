@@ -230,7 +230,9 @@ impl Continuation {
                 })?;
                 // The crash that tore this child may have torn its own continuable children:
                 // it hears of them before it runs again.
-                if let Err(error) = self.recover_children(&agent).await {
+                // Boxed: recovering them may resume them, which recovers theirs.
+                let recovered = Box::pin(self.recover_children(&agent, installer)).await;
+                if let Err(error) = recovered {
                     agent.dispose().await;
                     return Err(error);
                 }

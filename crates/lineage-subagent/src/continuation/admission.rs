@@ -66,6 +66,13 @@ impl Admission {
     }
 }
 
+/// Whether `agent` may act as a live parent or ancestor: the exact agent `agents` holds under its
+/// id, not being disposed, and not fenced (another host took its session over). A lost agent is
+/// never the live parent of anything, even before its host's registry lets it go.
+pub(crate) fn is_live_agent(agents: &Agents, agent: &Arc<Agent>) -> bool {
+    agents.is_live(agent) && !agent.is_disposing() && !agent.is_fenced()
+}
+
 /// `agent`, then its parent, grandparent, ... as long as each is live in `agents` (exact
 /// registry entries), stopping at a repeated id.
 pub(super) fn live_lineage(agents: &Agents, agent: &Arc<Agent>) -> Vec<Arc<Agent>> {
@@ -106,9 +113,11 @@ impl Continuation {
         child: SessionId,
         parent_session: Option<SessionId>,
     ) -> Result<(), SubagentError> {
-        if !self.agents.is_live(parent) {
+        if !is_live_agent(&self.agents, parent) {
             return Err(unauthorized(format!(
-                "subagent {child}: delivery requires the exact live parent agent"
+                "subagent {child}: delivery requires the exact live parent agent, and agent {} \
+                 is no longer live here",
+                parent.id()
             )));
         }
         if parent_session != Some(parent.id()) {

@@ -8,12 +8,13 @@ use lineage_log::{
 use lineage_store::Loaded;
 
 use super::activation::ActivationPlan;
-use super::recovery::holds_message;
+use super::admission::is_live_agent;
+use super::recovery::{holds_message, log_holds};
 use super::teardown::wait;
 use super::*;
 use crate::birth;
 use crate::setup::Installer;
-use crate::{Authority, CancelledBy, ReportDelivery};
+use crate::{Authority, CancelledBy, FollowupRequest, ReportDelivery};
 
 /// A follow-up under way: from the exact live `parent` to `child`, given up when `cancel` fires
 /// before the child accepts it; a cold resume installs `installer`'s contributions.
@@ -88,9 +89,9 @@ impl Continuation {
         self.authorize_lineage(parent, activation.child(), activation.agent.header().parent)?;
         self.acquire_ownership(parent, activation.child())?;
         let id = message.id;
-        // On a shared store, mail from another host may have reached the child already, through
-        // a holder that stopped before it took the mail out: the child has it once.
-        if !(self.agents.store().is_shared() && holds_message(&activation.agent, id)) {
+        // A message the child's log holds already (a retry with the same id, or mail another
+        // host delivered before it stopped) is accepted without being delivered again.
+        if !holds_message(&activation.agent, id) {
             let agent = activation.agent.clone();
             activation.admit_waking(id, || agent.followup(message))?;
         }
@@ -119,18 +120,23 @@ impl Continuation {
     /// contributions.
     pub(super) async fn followup(
         self: &Arc<Self>,
-        parent: &Arc<Agent>,
-        child: SessionId,
-        content: Vec<ContentBlock>,
-        source: MessageSource,
-        cancel: &Cancellation,
+        request: &FollowupRequest,
         installer: Installer<'_>,
     ) -> Result<MessageId, SubagentError> {
-        let message = Message {
-            id: MessageId::new(),
-            role: Role::User,
+        let FollowupRequest {
+            parent,
+            child,
             content,
             source,
+            message_id,
+            cancel,
+        } = request;
+        let (child, cancel) = (*child, cancel);
+        let message = Message {
+            id: message_id.unwrap_or_default(),
+            role: Role::User,
+            content: content.clone(),
+            source: source.clone(),
         };
         let to = Followup {
             parent,
@@ -141,13 +147,20 @@ impl Continuation {
         let id = self.followup_message(to, message).await?;
         // On a shared store another host may take the child over at any moment: a follow-up it
         // accepted here is durable before it is reported accepted (mail is, by its deliverer).
+        // A flush that fails leaves the message in the child's inbox here, and perhaps in the
+        // store: not refused, and not known to be durable.
         if self.agents.store().is_shared()
             && let Some(agent) = self.agents.get(child)
+            && let Err(error) = agent.flush().await
         {
-            agent
-                .flush()
-                .await
-                .map_err(|e| SubagentError::agent(child, e))?;
+            return Err(SubagentError::new(
+                ErrorCode::OutcomeUnknown,
+                format!(
+                    "the follow-up {id} to subagent {child} was accepted but may not be durable \
+                     ({error}); retry with the same message id"
+                ),
+            )
+            .with_source(error));
         }
         Ok(id)
     }
@@ -303,49 +316,13 @@ impl Continuation {
         }
         let loaded = inspected.map_err(|reason| unavailable(child, reason))?;
         self.authorize_stored(to, loaded.header.parent)?;
-        let folded = fold_descriptor(&loaded.events);
-        if let Some(d) = folded
-            && let Err(problem) = lineage_log::check_descriptor(d)
-        {
-            return Err(SubagentError::new(
-                ErrorCode::NotResumable,
-                format!(
-                    "subagent {child} cannot be resumed: its stored subagent descriptor \
-                     breaks the descriptor contract ({problem}); do not send it messages again"
-                ),
-            ));
+        // A retry of a message the child has already: accepted, and not resumed for it.
+        if log_holds(&loaded.events, message.id) {
+            return Ok(message.id);
         }
-        let descriptor = match folded {
-            Some(d) if d.mode == DescriptorMode::Continuable => d.clone(),
-            _ => {
-                return Err(SubagentError::new(
-                    ErrorCode::NotResumable,
-                    format!(
-                        "subagent {child} has no continuation state and cannot be resumed; do not \
-                         send it messages again"
-                    ),
-                ));
-            }
-        };
-        let options = AgentOptions {
-            endpoint: descriptor.endpoint.clone(),
-            model: descriptor.model.clone(),
-            max_tokens: birth::recorded_max_tokens(child, &loaded.events)?,
-            // The stored lineage is the floor; the runtime asks for nothing more.
-            subagent_depth: 0,
-        };
+        let plan = resume_plan(child, &loaded)?;
         let activation = self
-            .activate(
-                parent,
-                child,
-                ActivationPlan {
-                    descriptor,
-                    options,
-                    birth: None,
-                },
-                cancel,
-                installer,
-            )
+            .activate(parent, child, plan, cancel, installer)
             .await?;
         self.submit_to_new_activation(&activation, message, parent, cancel)
             .await
@@ -360,9 +337,11 @@ impl Continuation {
         authority: &Authority,
     ) -> Result<(), SubagentError> {
         if let Authority::Ancestor(agent) = authority {
-            if !self.agents.is_live(agent) {
+            if !is_live_agent(&self.agents, agent) {
                 return Err(unauthorized(format!(
-                    "interrupting {target} requires the exact live ancestor agent"
+                    "interrupting {target} requires the exact live ancestor agent, and agent {} \
+                     is no longer live here",
+                    agent.id()
                 )));
             }
             if agent.id() == target {
@@ -485,6 +464,52 @@ impl Continuation {
         sent.map_err(|e| parent_unavailable().with_source(e))?;
         Ok(id)
     }
+}
+
+/// How the stored child `child` (as `loaded`) is made resident again from its log alone: its
+/// model endpoint, model, persona and tool filter from its descriptor, its token limit from its
+/// own events. Refused (`NOT_RESUMABLE`) for a child that is not continuable or whose descriptor
+/// breaks the contract.
+pub(super) fn resume_plan(
+    child: SessionId,
+    loaded: &Loaded,
+) -> Result<ActivationPlan, SubagentError> {
+    let folded = fold_descriptor(&loaded.events);
+    if let Some(d) = folded
+        && let Err(problem) = lineage_log::check_descriptor(d)
+    {
+        return Err(SubagentError::new(
+            ErrorCode::NotResumable,
+            format!(
+                "subagent {child} cannot be resumed: its stored subagent descriptor breaks the \
+                 descriptor contract ({problem}); do not send it messages again"
+            ),
+        ));
+    }
+    let descriptor = match folded {
+        Some(d) if d.mode == DescriptorMode::Continuable => d.clone(),
+        _ => {
+            return Err(SubagentError::new(
+                ErrorCode::NotResumable,
+                format!(
+                    "subagent {child} has no continuation state and cannot be resumed; do not \
+                     send it messages again"
+                ),
+            ));
+        }
+    };
+    let options = AgentOptions {
+        endpoint: descriptor.endpoint.clone(),
+        model: descriptor.model.clone(),
+        max_tokens: birth::recorded_max_tokens(child, &loaded.events)?,
+        // The stored lineage is the floor; the runtime asks for nothing more.
+        subagent_depth: 0,
+    };
+    Ok(ActivationPlan {
+        descriptor,
+        options,
+        birth: None,
+    })
 }
 
 /// The refusal of a message to `child`, whose stored state could not be read (or mail to it

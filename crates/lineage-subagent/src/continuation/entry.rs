@@ -8,7 +8,10 @@ use lineage_agent::Cancellation;
 use lineage_log::{ContentBlock, MessageSource};
 
 use super::*;
-use crate::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery, SubagentRuntime};
+use crate::{
+    Authority, ContinuableRequest, ContinuableStarted, FollowupRequest, ReportDelivery,
+    SubagentRuntime,
+};
 
 impl SubagentRuntime {
     /// The children resident now (running, waiting, or being torn down).
@@ -76,6 +79,9 @@ impl SubagentRuntime {
     /// resolves may leave the message accepted (the child then runs it) or not; a cold resume already
     /// under way then completes and leaves the child resident, to settle and be torn down as usual.
     /// With `cancel`, the answer says which: `CANCELLED` means the child never got the message.
+    ///
+    /// The message gets a fresh id; [`Self::send_followup`] takes one the caller chose, to retry
+    /// safely.
     pub async fn followup(
         &self,
         parent: &Arc<Agent>,
@@ -84,8 +90,28 @@ impl SubagentRuntime {
         source: MessageSource,
         cancel: &Cancellation,
     ) -> Result<MessageId, SubagentError> {
+        let request = FollowupRequest {
+            parent: parent.clone(),
+            child,
+            content,
+            source,
+            message_id: None,
+            cancel: cancel.clone(),
+        };
+        self.send_followup(&request).await
+    }
+
+    /// [`Self::followup`] of `request`, with the message id it names, if any. The same id sent
+    /// twice, from this host or any other of a shared store, reaches the child once, and a
+    /// retry of a delivered one is accepted. Refused means not delivered: a follow-up whose
+    /// fate the store cannot tell (its mail posted, then the database stopped answering) is
+    /// answered `OUTCOME_UNKNOWN`, to be retried with the same id.
+    pub async fn send_followup(
+        &self,
+        request: &FollowupRequest,
+    ) -> Result<MessageId, SubagentError> {
         self.continuation()
-            .followup(parent, child, content, source, cancel, self.installer())
+            .followup(request, self.installer())
             .await
     }
 
@@ -155,8 +181,11 @@ impl SubagentRuntime {
     /// Tells `parent` about every continuable child of its whose last turn a crash tore: one
     /// settlement notice each ("was stopped by a crash before it finished", with what the turn
     /// wrote), queued for the parent's next turn without waking it, then the child's turn closed
-    /// as crash repair would. Children live in this process, or kept by another host of a shared
-    /// store, are not looked at. Returns the
+    /// as crash repair would. A torn child that holds accepted input no turn claimed (queued
+    /// follow-ups, or follow-ups waiting for it as mail) is resumed here instead, to run that
+    /// input; it tells the parent when it settles. Children live in this process, or kept by
+    /// another host of a shared store (a live holder of their lease), are not looked at: a
+    /// child is torn only when its holder is gone. Returns the
     /// children told by this call; a repeated call (or one after another restart) tells none of
     /// them again.
     ///
@@ -166,7 +195,9 @@ impl SubagentRuntime {
         &self,
         parent: &Arc<Agent>,
     ) -> Result<Vec<SessionId>, SubagentError> {
-        self.continuation().recover_children(parent).await
+        self.continuation()
+            .recover_children(parent, self.installer())
+            .await
     }
 
     /// Serves this host's mail until the runtime stops: whenever the store says the mailbox

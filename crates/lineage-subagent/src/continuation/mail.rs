@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::admission::diagnose;
 use super::delivery::{followup_cancelled, unavailable};
-use super::recovery::holds_message;
+use super::recovery::{holds_message, log_holds};
 use super::*;
 use crate::{Authority, ReportDelivery};
 
@@ -77,6 +77,11 @@ impl Post {
     fn decode(body: &[u8]) -> Result<Post, String> {
         serde_json::from_slice(body).map_err(|e| e.to_string())
     }
+}
+
+/// Whether a piece of mail's `body` is a follow-up.
+pub(super) fn is_followup(body: &[u8]) -> bool {
+    matches!(Post::decode(body), Ok(Post::Followup { .. }))
 }
 
 /// The custom event type that records, in its recipient's log, mail that could not be delivered
@@ -184,6 +189,24 @@ impl Mailbox {
             .is_ok_and(|lease| lease.is_some())
     }
 
+    /// Whether this host still holds the session of the live agent `agent` here: always on a
+    /// store that is not shared; on a shared one, the lease as the database has it is live,
+    /// ours, and of the agent's tenure (its fencing token). When the lease cannot be read the
+    /// agent is taken to be ours: its own writes are fenced if it is not.
+    pub(super) async fn holds_here(&self, agent: &Arc<Agent>) -> bool {
+        if !self.store().is_shared() {
+            return true;
+        }
+        let (session, fence) = (agent.id(), agent.lease_fence());
+        let me = self.store().holder();
+        match self.on_store(move |store| store.lease(session)).await {
+            Ok(lease) => lease.is_some_and(|lease| {
+                lease.is_live() && lease.holder == Some(me) && Some(lease.fence) == fence
+            }),
+            Err(_) => true,
+        }
+    }
+
     /// What the store says of `session` (its header names its durable parent).
     pub(super) async fn info(&self, session: SessionId) -> Result<SessionInfo, String> {
         self.on_store(move |store| store.info(session)).await
@@ -212,6 +235,10 @@ impl Mailbox {
     /// caller checked the follow-up), and waits for its fate (see the module docs): `Some` once
     /// a host took it into the child's inbox, `None` once nobody holds the child and the mail
     /// is taken back, for the sender to deliver it itself.
+    ///
+    /// Refused means not delivered: once the mail may be in the mailbox, a refusal is reported
+    /// only after the mail is taken back ([`Self::refuse_posted`]); when that cannot be done the
+    /// answer is `OUTCOME_UNKNOWN`.
     pub(super) async fn followup(
         &self,
         sender: SessionId,
@@ -219,20 +246,16 @@ impl Mailbox {
         message: &Message,
         cancel: &Cancellation,
     ) -> Result<Option<MessageId>, SubagentError> {
-        let unavailable = |reason: String| unavailable(child, reason);
         let id = message.id;
         // Watched before posting, so a host taking the mail at once is not missed.
         let mut watch = self.watch();
-        self.post(
-            sender,
-            child,
-            id,
-            &Post::Followup {
-                message: message.clone(),
-            },
-        )
-        .await
-        .map_err(unavailable)?;
+        let post = Post::Followup {
+            message: message.clone(),
+        };
+        if let Err(reason) = self.post(sender, child, id, &post).await {
+            // The post may have been stored even so, its answer lost on the way back.
+            return self.refuse_posted(child, id, reason, true).await;
+        }
         let mail = id.as_uuid();
         loop {
             let cancelled = tokio::select! {
@@ -240,26 +263,21 @@ impl Mailbox {
                 _ = cancel.cancelled() => true,
                 () = watch.next_look() => false,
             };
-            let waiting = self
-                .on_store(move |store| store.mail_for(&[child]))
-                .await
-                .map_err(unavailable)?
-                .iter()
-                .any(|m| m.id == mail);
+            let waiting = match self.on_store(move |store| store.mail_for(&[child])).await {
+                Ok(waiting) => waiting.iter().any(|m| m.id == mail),
+                Err(reason) => return self.refuse_posted(child, id, reason, false).await,
+            };
             if !waiting {
                 // A host took it into the child's inbox.
                 return Ok(Some(id));
             }
             if cancelled {
                 // Taken back unless a host has claimed it, which then delivers it.
-                let withdrawn = self
-                    .on_store(move |store| store.withdraw_mail(mail))
-                    .await
-                    .map_err(unavailable)?;
-                return if withdrawn {
-                    Err(followup_cancelled(child, cancel))
-                } else {
-                    Ok(Some(id))
+                let cancelled = followup_cancelled(child, cancel);
+                return match self.on_store(move |store| store.withdraw_mail(mail)).await {
+                    Ok(true) => Err(cancelled),
+                    Ok(false) => Ok(Some(id)),
+                    Err(failure) => Err(outcome_unknown(child, id, cancelled, failure)),
                 };
             }
             if self.held_elsewhere(child).await {
@@ -267,11 +285,43 @@ impl Mailbox {
             }
             // Nobody holds the child any more: whoever takes the mail out delivers it (a holder
             // that stopped after delivering it left it in the child's log, where it is found).
-            let took = self
-                .on_store(move |store| store.take_mail(&[mail]))
-                .await
-                .map_err(unavailable)?;
-            return Ok(if took.is_empty() { Some(id) } else { None });
+            return match self.on_store(move |store| store.take_mail(&[mail])).await {
+                Ok(took) => Ok(if took.is_empty() { Some(id) } else { None }),
+                Err(reason) => self.refuse_posted(child, id, reason, false).await,
+            };
+        }
+    }
+
+    /// The answer to a follow-up `id` to `child` whose mail may be in the mailbox when the
+    /// store failed with `reason`: the mail is taken back first, and the follow-up is refused
+    /// only if that worked. Mail a host has claimed, or already delivered, is not refused: it
+    /// reaches the child (whoever holds or next resumes it delivers it). With `maybe_unposted`
+    /// (the post itself failed) mail that is not there may never have been posted: it counts
+    /// as delivered only if the child's stored log holds the message.
+    async fn refuse_posted(
+        &self,
+        child: SessionId,
+        id: MessageId,
+        reason: String,
+        maybe_unposted: bool,
+    ) -> Result<Option<MessageId>, SubagentError> {
+        let refused = unavailable(child, &reason);
+        let mail = id.as_uuid();
+        let fate = self
+            .on_store(move |store| {
+                if store.withdraw_mail(mail)? {
+                    return Ok(false);
+                }
+                if !maybe_unposted || store.mail_for(&[child])?.iter().any(|m| m.id == mail) {
+                    return Ok(true);
+                }
+                Ok(log_holds(&store.inspect(child)?.events, id))
+            })
+            .await;
+        match fate {
+            Ok(true) => Ok(Some(id)),
+            Ok(false) => Err(refused),
+            Err(failure) => Err(outcome_unknown(child, id, refused, failure)),
         }
     }
 
@@ -404,48 +454,133 @@ impl Mailbox {
             }
         };
         for piece in mail {
-            let Some(recipient) = self.agents.get(piece.recipient) else {
+            // A fenced agent is not its session's any more: its mail is the new holder's.
+            let Some(recipient) = self
+                .agents
+                .get(piece.recipient)
+                .filter(|agent| !agent.is_fenced())
+            else {
                 continue;
             };
-            // Claimed first, so a sender cannot take it back while it is being delivered.
-            let id = piece.id;
-            match self.on_store(move |store| store.claim_mail(id)).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(error) => {
-                    tracing::warn!(%error, mail = %id, "claiming mail failed; trying again");
-                    continue;
-                }
+            self.serve_piece(&recipient, &piece, Via::Server(manager))
+                .await;
+        }
+    }
+
+    /// Delivers the follow-ups waiting in the mailbox for the child of `activation`, just made
+    /// resident here by a recovery whose caller holds the child's lock: mail a host that is
+    /// gone never delivered reaches the child before it can settle. Other mail waits for the
+    /// mail server.
+    pub(super) async fn deliver_waiting_followups(&self, activation: &Arc<Activation>) {
+        let child = activation.child();
+        let mail = match self.on_store(move |store| store.mail_for(&[child])).await {
+            Ok(mail) => mail,
+            Err(error) => {
+                tracing::warn!(%error, %child, "reading the mailbox failed; the mail server delivers it");
+                return;
             }
-            let delivered = match Post::decode(&piece.body) {
-                Ok(post) => deliver(manager, &recipient, post).await,
-                Err(reason) => Err(SubagentError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("the mail is unreadable: {reason}"),
-                )),
-            };
-            match delivered {
-                Ok(true) => {}
-                // Not deliverable here now (a teardown under way): left for the next look.
-                Ok(false) => continue,
-                // The recipient is going away: whoever keeps it next gets the mail.
-                Err(_) if recipient.is_disposing() => continue,
-                Err(error) => {
-                    if let Err(failure) = discard(&recipient, &piece, &error.to_string()) {
-                        tracing::warn!(%failure, mail = %piece.id, "undeliverable mail could not be discarded; it stays");
-                        continue;
-                    }
-                }
-            }
-            if let Err(error) = recipient.flush().await {
-                tracing::warn!(%error, mail = %piece.id, "the recipient's log was not flushed; the mail stays");
-                continue;
-            }
-            if let Err(error) = self.on_store(move |store| store.take_mail(&[id])).await {
-                tracing::warn!(%error, mail = %id, "delivered mail was not taken out; its recipient has it once");
+        };
+        for piece in mail {
+            if is_followup(&piece.body) {
+                self.serve_piece(&activation.agent, &piece, Via::Locked(activation))
+                    .await;
             }
         }
     }
+
+    /// Serves one piece of mail for `recipient`, live here: claimed (so a sender cannot take it
+    /// back while it is being delivered), delivered `via`, made durable in the recipient's log
+    /// (or discarded there with an event when it cannot be delivered), then taken out. What
+    /// fails on the way leaves it in the mailbox, for the next look.
+    async fn serve_piece(&self, recipient: &Arc<Agent>, piece: &Mail, via: Via<'_>) {
+        // An agent whose lease another host took over is not the recipient any more (even before
+        // this host lets it go): the mail is the new holder's.
+        if !self.holds_here(recipient).await {
+            return;
+        }
+        let id = piece.id;
+        match self.on_store(move |store| store.claim_mail(id)).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(%error, mail = %id, "claiming mail failed; trying again");
+                return;
+            }
+        }
+        let delivered = match Post::decode(&piece.body) {
+            Ok(post) => match via {
+                Via::Server(manager) => deliver(manager, recipient, post).await,
+                Via::Locked(activation) => match post {
+                    Post::Followup { message } => accept_followup(activation, message),
+                    _ => Ok(false),
+                },
+            },
+            Err(reason) => Err(SubagentError::new(
+                ErrorCode::InvalidRequest,
+                format!("the mail is unreadable: {reason}"),
+            )),
+        };
+        match delivered {
+            Ok(true) => {}
+            // Not deliverable here now (a teardown under way): left for the next look.
+            Ok(false) => return,
+            // The recipient is going away: whoever keeps it next gets the mail.
+            Err(_) if recipient.is_disposing() => return,
+            Err(error) => {
+                if let Err(failure) = discard(recipient, piece, &error.to_string()) {
+                    tracing::warn!(%failure, mail = %piece.id, "undeliverable mail could not be discarded; it stays");
+                    return;
+                }
+            }
+        }
+        if let Err(error) = recipient.flush().await {
+            tracing::warn!(%error, mail = %piece.id, "the recipient's log was not flushed; the mail stays");
+            return;
+        }
+        if let Err(error) = self.on_store(move |store| store.take_mail(&[id])).await {
+            tracing::warn!(%error, mail = %id, "delivered mail was not taken out; its recipient has it once");
+        }
+    }
+}
+
+/// How a piece of mail is delivered: by the mail server, through the manager (which takes the
+/// recipient's lock), or to an activation whose lock the caller holds (follow-ups only).
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    Server(&'a Continuation),
+    Locked(&'a Arc<Activation>),
+}
+
+/// The acceptance of the follow-up `message` by the resident child of `activation`, under its
+/// lock: `Ok(false)` while its teardown is under way (not now). A message its log holds is
+/// accepted without being delivered again.
+fn accept_followup(activation: &Arc<Activation>, message: Message) -> Result<bool, SubagentError> {
+    if activation.is_closing() {
+        return Ok(false);
+    }
+    if !holds_message(&activation.agent, message.id) {
+        let agent = activation.agent.clone();
+        activation.admit_waking(message.id, || agent.followup(message))?;
+    }
+    lock(&activation.st).announced = true;
+    Ok(true)
+}
+
+/// The answer to a follow-up `id` to `child` that would have been refused (`refusal`), had its
+/// mail not stayed where the store could not take it back (`failure`).
+fn outcome_unknown(
+    child: SessionId,
+    id: MessageId,
+    refusal: SubagentError,
+    failure: String,
+) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::OutcomeUnknown,
+        format!(
+            "the follow-up {id} to subagent {child} may or may not be delivered: {refusal}, and \
+             its mail could not be taken back ({failure}); retry with the same message id"
+        ),
+    )
 }
 
 /// Delivers one piece of mail to `recipient`, live here, through `manager`. `Ok(false)`: not now.
@@ -467,15 +602,7 @@ async fn deliver(
                     format!("agent {id} is not a resident continuable subagent here"),
                 ));
             };
-            if activation.is_closing() {
-                return Ok(false);
-            }
-            if !holds_message(recipient, message.id) {
-                let agent = recipient.clone();
-                activation.admit_waking(message.id, || agent.followup(message))?;
-            }
-            lock(&activation.st).announced = true;
-            Ok(true)
+            accept_followup(&activation, message)
         }
         Post::Notice { message }
         | Post::Report {

@@ -71,8 +71,11 @@ use lineage_agent::{Agent, AgentStatus, Agents};
 use lineage_log::{MessageId, SessionId};
 use tokio::sync::{OwnedMutexGuard, watch};
 
+pub(crate) use admission::is_live_agent;
 pub use mail::{MAIL_DISCARDED_EVENT, MAIL_POLL};
-pub use request::{Authority, ContinuableRequest, ContinuableStarted, ReportDelivery};
+pub use request::{
+    Authority, ContinuableRequest, ContinuableStarted, FollowupRequest, ReportDelivery,
+};
 
 use crate::lifecycle::{Listeners, RunInfo};
 use crate::{ErrorCode, SubagentError, lock};

@@ -10,16 +10,25 @@
 //! 2. the parent's log is flushed, so the notice is durable;
 //! 3. only then is the child's torn turn closed (crash repair, durably), which is what stops it
 //!    from being found again. A crash between 2 and 3 finds the child again and step 1 skips it.
+//!
+//! A torn child whose log holds accepted input no turn claimed (follow-ups queued behind the
+//! torn turn), or whose follow-ups wait in the mailbox, is not just closed: it is resumed here,
+//! which closes its torn turn, and runs that input; its settlement notice tells the parent. On a
+//! shared store a child is torn only when no other host holds its lease (its holder crashed, or
+//! paused past the lease).
 
-use lineage_agent::Agent;
+use lineage_agent::{Agent, Cancellation, DiagnosticKind, Inbox};
 use lineage_log::{
     ContentBlock, DescriptorMode, Event, EventBody, InboxTarget, Message, MessageId, SessionId,
-    fold_descriptor,
+    fold_descriptor, own_suffix,
 };
-use lineage_store::{Store, StoreError};
+use lineage_store::{Loaded, Store, StoreError};
 
+use super::delivery::resume_plan;
+use super::mail::is_followup;
 use super::*;
 use crate::outcome::{closing_message, crash_summary, settlement_notice};
+use crate::setup::Installer;
 
 /// A continuable child whose stored log ends in a turn a crash tore.
 struct Torn {
@@ -28,13 +37,19 @@ struct Torn {
     turn_start: u64,
     /// The torn turn's closing message (what it wrote before the crash), if any.
     closing: Vec<ContentBlock>,
+    /// Whether it holds accepted input no turn claimed, or has follow-ups waiting as mail.
+    has_input: bool,
+    /// Its stored log, as a resume would load it.
+    loaded: Loaded,
 }
 
 impl Continuation {
-    /// [`crate::SubagentRuntime::recover_children`].
+    /// [`crate::SubagentRuntime::recover_children`]; a child resumed to run its input gets
+    /// `installer`'s contributions.
     pub(super) async fn recover_children(
-        &self,
+        self: &Arc<Self>,
         parent: &Arc<Agent>,
+        installer: Installer<'_>,
     ) -> Result<Vec<SessionId>, SubagentError> {
         let store = parent.store().clone();
         let parent_id = parent.id();
@@ -45,6 +60,22 @@ impl Continuation {
             // A live child's open turn is work in progress, not a crash.
             if self.agents.get(torn.child).is_some() {
                 continue;
+            }
+            if torn.has_input {
+                match self.resume_torn(parent, &torn, installer).await {
+                    // It runs what it accepted, and tells the parent when it settles.
+                    Ok(()) => continue,
+                    // Another host resumed it meanwhile: it is that host's.
+                    Err(_) if self.mailbox.held_elsewhere(torn.child).await => continue,
+                    Err(error) => self.diagnose(
+                        torn.child,
+                        DiagnosticKind::NoticeUndelivered,
+                        format!(
+                            "the child torn by a crash was not resumed to run its queued input \
+                             ({error}); its parent is told of the crash instead"
+                        ),
+                    ),
+                }
             }
             let notice = crash_notice(&torn);
             if !holds_message(parent, notice.id) {
@@ -71,9 +102,46 @@ impl Continuation {
         }
         Ok(told)
     }
+
+    /// Makes the torn child of `torn`, whose log holds accepted input no turn claimed (or whose
+    /// follow-ups wait in the mailbox), resident here under `parent` to run it: resuming it
+    /// closes its torn turn, and its input then runs as turns, the follow-ups its host never
+    /// delivered included. Every accepted waking message is so claimed into a turn (or
+    /// discarded with an event), whichever host was holding the child when it stopped.
+    async fn resume_torn(
+        self: &Arc<Self>,
+        parent: &Arc<Agent>,
+        torn: &Torn,
+        installer: Installer<'_>,
+    ) -> Result<(), SubagentError> {
+        let child = torn.child;
+        let _guard = self.child_lock(child).await;
+        if self.activation(child).is_some() || self.agents.get(child).is_some() {
+            return Ok(());
+        }
+        let plan = resume_plan(child, &torn.loaded)?;
+        let activation = self
+            .activate(parent, child, plan, &Cancellation::new(), installer)
+            .await?;
+        let agent = activation.agent.clone();
+        {
+            let mut st = lock(&activation.st);
+            // The parent knows this child: it is told when the child settles.
+            st.announced = true;
+            for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
+                st.accepted
+                    .extend(agent.pending(target).iter().map(|m| m.id));
+            }
+        }
+        agent.run_pending();
+        self.mailbox.deliver_waiting_followups(&activation).await;
+        activation.poke();
+        Ok(())
+    }
 }
 
-/// The continuable children of `parent` whose stored logs end in a torn turn.
+/// The continuable children of `parent` whose stored logs end in a torn turn, on a shared store
+/// only those nobody holds (their holder is gone: crashed, or paused past its lease).
 fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> {
     let mut torn = Vec::new();
     for child in store.children(parent)? {
@@ -95,10 +163,21 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
         else {
             continue;
         };
+        // Input accepted and never claimed: queued in its durable inbox, or follow-ups posted
+        // for it that its host did not deliver.
+        let queued = Inbox::replay(own_suffix(&inspected.events)).is_ok_and(|i| i.has_pending());
+        let has_input = queued
+            || (store.is_shared()
+                && store
+                    .mail_for(&[child])?
+                    .iter()
+                    .any(|m| is_followup(&m.body)));
         torn.push(Torn {
             child,
             turn_start: events[turn_start].seq,
             closing: closing_message(&events[turn_start..]),
+            has_input,
+            loaded: inspected,
         });
     }
     Ok(torn)
@@ -126,12 +205,16 @@ fn crash_notice_id(child: SessionId, turn_start: u64) -> MessageId {
 
 /// Whether `agent`'s log holds the message `id` (queued, claimed or cancelled).
 pub(super) fn holds_message(agent: &Agent, id: MessageId) -> bool {
-    agent.with_events(|events: &[Event]| {
-        events.iter().any(|e| match &e.body {
-            EventBody::InboxSpliced(splice) => splice.inserted.iter().any(|m| m.id == id),
-            EventBody::UserMessage(m) => m.id == id,
-            _ => false,
-        })
+    agent.with_events(|events: &[Event]| log_holds(events, id))
+}
+
+/// Whether `events` hold the message `id` (queued, claimed or cancelled): a message a log holds
+/// is not delivered to it again.
+pub(super) fn log_holds(events: &[Event], id: MessageId) -> bool {
+    events.iter().any(|e| match &e.body {
+        EventBody::InboxSpliced(splice) => splice.inserted.iter().any(|m| m.id == id),
+        EventBody::UserMessage(m) => m.id == id,
+        _ => false,
     })
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use lineage_agent::{Agent, Cancellation, Hooks};
-use lineage_log::{ContentBlock, MessageId, SessionId, Text, ToolFilter};
+use lineage_log::{ContentBlock, MessageId, MessageSource, SessionId, Text, ToolFilter};
 
 use crate::ChildOptions;
 
@@ -59,6 +59,53 @@ impl std::fmt::Debug for ContinuableRequest {
             .field("label", &self.label)
             .field("child", &self.child)
             .field("hooks", &self.hooks.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A follow-up: a message from a continuable child's exact live parent, delivered to the child
+/// as its next turn (see [`crate::SubagentRuntime::send_followup`]).
+#[derive(Clone)]
+pub struct FollowupRequest {
+    /// The delegating agent: the exact live `Arc` of the child's durable parent.
+    pub parent: Arc<Agent>,
+    /// The child.
+    pub child: SessionId,
+    /// What to tell it.
+    pub content: Vec<ContentBlock>,
+    /// Who the message is from, as the child's log records it.
+    pub source: MessageSource,
+    /// The message's id, chosen by the caller so that a retry is recognised: a message id the
+    /// child's log holds (or its mail, on its way from another host) is delivered once however
+    /// many times it is sent, and a retry of a delivered one is accepted. A fresh id when
+    /// `None`.
+    pub message_id: Option<MessageId>,
+    /// Covers only the work before the child accepts the message.
+    pub cancel: Cancellation,
+}
+
+impl FollowupRequest {
+    /// A follow-up from `parent` to `child` saying `text`, as its coordinating parent.
+    pub fn new(parent: Arc<Agent>, child: SessionId, text: impl Into<Text>) -> Self {
+        FollowupRequest {
+            source: MessageSource::Coordinator {
+                sender: parent.id(),
+            },
+            parent,
+            child,
+            content: vec![ContentBlock::text(text)],
+            message_id: None,
+            cancel: Cancellation::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for FollowupRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FollowupRequest")
+            .field("parent", &self.parent.id())
+            .field("child", &self.child)
+            .field("message_id", &self.message_id)
             .finish_non_exhaustive()
     }
 }

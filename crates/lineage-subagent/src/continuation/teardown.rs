@@ -146,7 +146,7 @@ impl Activation {
         // A child another host took over has not settled: it lives on there, and that host
         // tells the parent when it does.
         if !self.agent.is_fenced() {
-            self.notify_settlement(manager, &terminal);
+            self.notify_settlement(manager, &terminal).await;
         }
         manager.release_ownership(id);
         manager.listeners.emit(&Lifecycle::End {
@@ -165,12 +165,20 @@ impl Activation {
 
     /// Tells the parent that the child settled, with its closing message. Sent only when the
     /// child was announced and the parent is live (here, or by mail); never fails the teardown.
-    fn notify_settlement(&self, manager: &Continuation, terminal: &Terminal) {
+    /// A parent object here whose session another host holds (its lease taken over, or lost
+    /// with the agent not yet gone from the registry) is not the parent any more: the notice
+    /// goes by mail, to whichever host holds or next resumes the parent.
+    async fn notify_settlement(&self, manager: &Continuation, terminal: &Terminal) {
         if !lock(&self.st).announced {
             return;
         }
         let child = self.child();
-        let parent = manager.agents.get(self.run.parent);
+        let parent = match manager.agents.get(self.run.parent) {
+            Some(parent) if !parent.is_fenced() && manager.mailbox.holds_here(&parent).await => {
+                Some(parent)
+            }
+            _ => None,
+        };
         let message = settlement_notice(
             MessageId::new(),
             child,

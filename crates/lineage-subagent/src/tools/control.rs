@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use lineage_agent::{AgentStatus, BoxFuture, Tool, ToolContext, ToolOutput};
-use lineage_log::{ContentBlock, DescriptorMode, MessageSource, SessionId};
+use lineage_log::{DescriptorMode, MessageId, SessionId};
 use serde_json::{Value, json};
 
 use super::{answer, invalid, object_schema, refused, string_arg};
-use crate::{Authority, ListingRow, SubagentRuntime};
+use crate::{Authority, FollowupRequest, ListingRow, SubagentRuntime};
 
 /// The name of [`SendMessageTool`].
 pub const SEND_MESSAGE: &str = "send_message";
@@ -23,6 +23,17 @@ fn session_arg(arguments: &Value, key: &str) -> Result<SessionId, ToolOutput> {
     raw.trim()
         .parse()
         .map_err(|_| invalid(format!("`{key}` is not an agent id: {raw:?}")))
+}
+
+/// The message id a model's `message_id` names: the same for the same sender, child and name,
+/// so a resent message is recognised, and distinct across senders and children.
+fn named_message_id(sender: SessionId, child: SessionId, name: &str) -> MessageId {
+    MessageId::derived(&[
+        b"send_message",
+        &sender.as_u128().to_be_bytes(),
+        &child.as_u128().to_be_bytes(),
+        name.as_bytes(),
+    ])
 }
 
 /// Sends a message to one of the caller's continuable children as its next turn.
@@ -50,7 +61,8 @@ impl Tool for SendMessageTool {
          working, the message waits until the current turn ends, so it cannot change work already \
          under way. You get back only a confirmation that the message was delivered, not an \
          answer; use it to give the subagent more work. If the call fails, the message was not \
-         delivered."
+         delivered, except when the failure says OUTCOME_UNKNOWN: then send it again with the \
+         same message_id, which delivers it at most once."
     }
 
     fn input_schema(&self) -> Value {
@@ -58,6 +70,7 @@ impl Tool for SendMessageTool {
             json!({
                 "subagent_id": {"type": "string", "description": "The id returned when the background subagent was started."},
                 "message": {"type": "string", "description": "What to tell the subagent."},
+                "message_id": {"type": "string", "description": "Optional. A name of your choice for this message; a message sent again under the same name to the same subagent is delivered once."},
             }),
             &["subagent_id", "message"],
         )
@@ -67,18 +80,22 @@ impl Tool for SendMessageTool {
         answer(async move {
             let child = session_arg(&arguments, "subagent_id")?;
             let text = string_arg(&arguments, "message")?;
-            let source = MessageSource::Coordinator {
-                sender: ctx.agent.id(),
+            let message_id = match arguments.get("message_id") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(named_message_id(
+                    ctx.agent.id(),
+                    child,
+                    string_arg(&arguments, "message_id")?,
+                )),
+            };
+            let request = FollowupRequest {
+                message_id,
+                cancel: ctx.cancel.clone(),
+                ..FollowupRequest::new(ctx.agent.clone(), child, text)
             };
             let id = self
                 .runtime
-                .followup(
-                    &ctx.agent,
-                    child,
-                    vec![ContentBlock::text(text)],
-                    source,
-                    &ctx.cancel,
-                )
+                .send_followup(&request)
                 .await
                 .map_err(|error| refused(&error))?;
             Ok(ToolOutput::text(format!(

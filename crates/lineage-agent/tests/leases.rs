@@ -205,7 +205,7 @@ async fn an_agent_whose_database_goes_silent_stops_before_another_host_may_take_
     let mut events = on_a.subscribe();
 
     // A's connections stay open and silent; B asks for the session all along.
-    proxy.stall(true);
+    proxy.stall();
     let b_agent = resume_when_free(&on_b, id, ttl * 5).await;
     let b_first = Instant::now();
     let (loss, a_lost) = lost
@@ -232,7 +232,7 @@ async fn an_agent_whose_database_goes_silent_stops_before_another_host_may_take_
     run_turn(&b_agent, "on B").await;
 
     // The database answers again: A serves the session anew once B lets go.
-    proxy.stall(false);
+    proxy.heal();
     on_b.dispose(id).await;
     let back = resume_when_free(&on_a, id, ttl * 5).await;
     run_turn(&back, "on A again").await;

@@ -506,7 +506,7 @@ fn a_host_whose_database_goes_silent_fences_itself_off_before_another_may_take_o
     a.admit(id, &completed_turn(2, 6, "a's, never answered"))
         .unwrap();
 
-    proxy.stall(true);
+    proxy.stall();
     let stalled_at = Instant::now();
     // B asks all along; the database grants it only once A's lease expired.
     let b_owner = loop {
@@ -566,7 +566,7 @@ fn a_host_whose_database_goes_silent_fences_itself_off_before_another_may_take_o
 
     // The database answers again: A's late write is refused by B's lease, the log is B's, and A
     // owns the session anew once B lets go.
-    proxy.stall(false);
+    proxy.heal();
     drop(b_owner);
     drop(owner);
     let again = within(ttl * 10, || a.own(id).map(drop).is_ok());

@@ -8,10 +8,16 @@
 //!
 //! The server runs under a small supervisor whose stdin is a pipe from the test process: when
 //! the test process ends, however it ends (a SIGKILL included), the pipe closes, and the
-//! supervisor stops the server and removes its directory. PostgreSQL refuses to run as root, so
+//! supervisor stops the server and removes its directory. Through the same pipe a test restarts
+//! the server on its port and data directory ([`Postgres::restart`]), as an operator or a crash
+//! would. PostgreSQL refuses to run as root, so
 //! under root the server and its files belong to `nobody`.
 //!
-//! The binaries are found in `$LINEAGE_PG_BIN`, else the newest `/usr/lib/postgresql/*/bin`
+//! The first start in a test process writes the server's version (`SELECT version()`) to stderr,
+//! past the test harness's capture, so a run says which PostgreSQL it tested.
+//!
+//! The binaries are found in `$LINEAGE_PG_BIN` (`scripts/install-postgres-18` prints one for
+//! PostgreSQL 18), else the newest `/usr/lib/postgresql/*/bin`
 //! (Debian's `postgresql` package), else on `PATH`. When there are none, `scripts/install-postgres`
 //! installs the package (as root or with sudo, as on CI's machines); a machine where that fails
 //! fails the test that asked, saying what to install: a test that needs the server never passes
@@ -22,6 +28,7 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -42,9 +49,20 @@ pub struct Postgres {
     bin: PathBuf,
     port: u16,
     dir: PathBuf,
-    /// The supervisor's stdin: this process's end of the pipe whose closing stops the server.
-    _lifeline: Mutex<ChildStdin>,
+    /// The supervisor's stdin: this process's end of the pipe whose closing stops the server, and
+    /// the supervisor's answers (one line per restart), read on a thread of their own.
+    lifeline: Mutex<(ChildStdin, Receiver<String>)>,
     _supervisor: Mutex<Child>,
+}
+
+/// How [`Postgres::restart`] stops the server before it starts it again (`pg_ctl`'s modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Sessions are ended, and a checkpoint written (SIGINT, `-m fast`).
+    Fast,
+    /// The server quits at once, with no checkpoint; the next start recovers from the WAL, as
+    /// after a crash (SIGQUIT, `-m immediate`).
+    Immediate,
 }
 
 /// The server of this test process, started on first use.
@@ -55,7 +73,11 @@ pub struct Postgres {
 /// asked fails with what went wrong.
 pub fn postgres() -> &'static Postgres {
     static SERVER: OnceLock<Postgres> = OnceLock::new();
-    SERVER.get_or_init(|| Postgres::start().unwrap_or_else(|error| panic!("{error}")))
+    SERVER.get_or_init(|| {
+        let server = Postgres::start().unwrap_or_else(|error| panic!("{error}"));
+        server.announce_version();
+        server
+    })
 }
 
 impl Postgres {
@@ -94,13 +116,26 @@ impl Postgres {
 
     /// Starts the supervised server on `port` and waits until it accepts connections.
     fn launch(bin: &Path, dir: &Path, port: u16, account: &Account) -> Result<Postgres, String> {
-        // The supervisor: the server in the background, then a wait for the end of stdin (the
-        // test process is gone, or dropped us), then a fast shutdown and the directory removed.
+        // The supervisor: the server in the background, then commands read from stdin until its
+        // end (the test process is gone, or dropped us), then a fast shutdown and the directory
+        // removed. A command `<signal> <seconds>` restarts the server: stopped by `<signal>`
+        // (INT is a fast shutdown, QUIT an immediate one), down for `<seconds>`, started again on
+        // the same port and data directory; `restarted` on stdout says it was started again.
         // The directory's removal is left to the next start when the server fails early.
         const SUPERVISOR: &str = r#"
-"$1/postgres" -D "$2/data" -p "$3" -c listen_addresses=127.0.0.1 -c unix_socket_directories="$2/data" >"$2/server.log" 2>&1 &
-server=$!
-cat >/dev/null
+: >"$2/server.log"
+serve() {
+    "$1/postgres" -D "$2/data" -p "$3" -c listen_addresses=127.0.0.1 -c unix_socket_directories="$2/data" >>"$2/server.log" 2>&1 &
+    server=$!
+}
+serve "$1" "$2" "$3"
+while read -r signal seconds; do
+    kill -"$signal" "$server" 2>/dev/null
+    wait "$server"
+    sleep "$seconds"
+    serve "$1" "$2" "$3"
+    echo restarted
+done
 kill -INT "$server" 2>/dev/null
 wait "$server"
 rm -rf "$2"
@@ -115,7 +150,7 @@ rm -rf "$2"
         let mut supervisor = account
             .run_as(command)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start the PostgreSQL supervisor: {e}"))?;
@@ -123,35 +158,83 @@ rm -rf "$2"
             .stdin
             .take()
             .ok_or("the supervisor's stdin was not piped")?;
-        let deadline = Instant::now() + READY_DEADLINE;
-        loop {
-            let ready = Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-U", ROLE, "-p", &port.to_string()])
-                .status()
-                .map_err(|e| format!("cannot run pg_isready: {e}"))?;
-            if ready.success() {
-                break;
+        let said = supervisor
+            .stdout
+            .take()
+            .ok_or("the supervisor's stdout was not piped")?;
+        let (tx, answers) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(said).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
             }
-            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-            if let Ok(Some(status)) = supervisor.try_wait() {
-                return Err(format!(
-                    "PostgreSQL stopped ({status}) on port {port}:\n{log}"
-                ));
-            }
-            if Instant::now() >= deadline || log.contains("could not bind") {
-                drop(lifeline);
-                let _ = supervisor.wait();
-                return Err(format!("PostgreSQL did not start on port {port}:\n{log}"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        });
+        if let Err(error) = wait_ready(bin, dir, port, &mut supervisor) {
+            drop(lifeline);
+            let _ = supervisor.wait();
+            return Err(error);
         }
         Ok(Postgres {
             bin: bin.to_path_buf(),
             port,
             dir: dir.to_path_buf(),
-            _lifeline: Mutex::new(lifeline),
+            lifeline: Mutex::new((lifeline, answers)),
             _supervisor: Mutex::new(supervisor),
         })
+    }
+
+    /// Stops the server as `how` says, leaves it down for `down`, and starts it again on the
+    /// same port and data directory; returns once it accepts connections. Every client's
+    /// connection is broken by it (a fast shutdown ends sessions; an immediate one is a crash,
+    /// recovered from the WAL at the next start).
+    ///
+    /// # Panics
+    ///
+    /// When the server does not stop and start again within a minute past `down`, or does not
+    /// accept connections after: the test that asked fails with the server's log.
+    pub fn restart(&self, how: Shutdown, down: Duration) {
+        use std::io::Write;
+        let signal = match how {
+            Shutdown::Fast => "INT",
+            Shutdown::Immediate => "QUIT",
+        };
+        let mut lifeline = self.lifeline.lock().unwrap_or_else(|p| p.into_inner());
+        let (stdin, answers) = &mut *lifeline;
+        writeln!(stdin, "{signal} {:.3}", down.as_secs_f64())
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("the PostgreSQL supervisor takes no command: {e}"));
+        let log = || std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        match answers.recv_timeout(down + READY_DEADLINE) {
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "PostgreSQL was not restarted ({how:?}) within {:?}:\n{}",
+                down + READY_DEADLINE,
+                log()
+            ),
+            Err(RecvTimeoutError::Disconnected) => {
+                panic!(
+                    "the PostgreSQL supervisor ended during a restart:\n{}",
+                    log()
+                )
+            }
+        }
+        let mut supervisor = self._supervisor.lock().unwrap_or_else(|p| p.into_inner());
+        wait_ready(&self.bin, &self.dir, self.port, &mut supervisor)
+            .unwrap_or_else(|error| panic!("after a restart ({how:?}): {error}"));
+    }
+
+    /// Writes the server's `SELECT version()` to stderr, past the test harness's capture.
+    fn announce_version(&self) {
+        use std::io::Write;
+        let version = self.psql(&self.url("postgres"), "SELECT version()");
+        let _ = writeln!(
+            std::io::stderr(),
+            "lineage-testkit: {version} (binaries in {})",
+            self.bin.display()
+        );
     }
 
     /// The port it listens on (127.0.0.1 only).
@@ -298,6 +381,31 @@ impl Drop for PsqlSession {
         drop(self.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits until the server on `port` accepts connections; `Err` (with the server's log) when the
+/// supervisor ended, the port was taken, or [`READY_DEADLINE`] passed first.
+fn wait_ready(bin: &Path, dir: &Path, port: u16, supervisor: &mut Child) -> Result<(), String> {
+    let deadline = Instant::now() + READY_DEADLINE;
+    loop {
+        let ready = Command::new(bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-U", ROLE, "-p", &port.to_string()])
+            .status()
+            .map_err(|e| format!("cannot run pg_isready: {e}"))?;
+        if ready.success() {
+            return Ok(());
+        }
+        let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        if let Ok(Some(status)) = supervisor.try_wait() {
+            return Err(format!(
+                "PostgreSQL stopped ({status}) on port {port}:\n{log}"
+            ));
+        }
+        if Instant::now() >= deadline || log.contains("could not bind") {
+            return Err(format!("PostgreSQL did not start on port {port}:\n{log}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -468,4 +576,25 @@ fn running_as_root() -> bool {
             .and_then(|ids| ids.split_whitespace().nth(1))
             == Some("0")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restart, fast or immediate, keeps the port and the data: what was committed before is
+    /// there after, and the server answers again.
+    #[test]
+    fn a_restarted_server_keeps_its_port_and_its_data() {
+        let server = postgres();
+        let url = server.create_database();
+        server.psql(
+            &url,
+            "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)",
+        );
+        server.restart(Shutdown::Fast, Duration::ZERO);
+        server.psql(&url, "INSERT INTO kept VALUES (2)");
+        server.restart(Shutdown::Immediate, Duration::from_millis(200));
+        assert_eq!(server.psql(&url, "SELECT sum(n) FROM kept"), "3");
+    }
 }

@@ -117,3 +117,36 @@ fn a_role_without_rights_is_denied_and_told_which() {
     assert_eq!(kind, EngineErrorKind::PermissionDenied, "{message}");
     assert!(message.contains("lineage_"), "{message}");
 }
+
+/// A `lineage_meta` of another application (other columns, or other types) is not a store's, and
+/// says so; neither open panics, and a writer creates nothing beside it.
+#[test]
+fn a_meta_table_of_another_shape_is_not_a_lineage_table() {
+    let server = postgres();
+    let shapes = [
+        "CREATE TABLE lineage_meta (id int, note text); INSERT INTO lineage_meta VALUES (1, 'x')",
+        "CREATE TABLE lineage_meta (name text, value int); INSERT INTO lineage_meta VALUES ('magic', 7)",
+        "CREATE TABLE lineage_meta (name text, value bytea); INSERT INTO lineage_meta VALUES (NULL, NULL)",
+    ];
+    for shape in shapes {
+        let url = server.create_database();
+        server.psql(&url, shape);
+        for opened in [Store::open(&url), Store::open_read_only(&url)] {
+            match opened {
+                Err(StoreError::NotAStore { reason, .. }) => assert!(
+                    reason.starts_with("the table lineage_meta is not a Lineage table: "),
+                    "{shape}: {reason}"
+                ),
+                other => panic!("{shape}: expected NotAStore, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            server.psql(
+                &url,
+                "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'lineage_%'"
+            ),
+            "1",
+            "{shape}: nothing was created beside it"
+        );
+    }
+}

@@ -150,3 +150,55 @@ fn a_meta_table_of_another_shape_is_not_a_lineage_table() {
         );
     }
 }
+
+/// A garbled session row is that session's error: the list names it and lists the others, and a
+/// copy copies the others and names it.
+#[test]
+fn a_garbled_session_row_fails_only_its_session() {
+    use common::*;
+    let server = postgres();
+    let url = server.create_database();
+    let store = Store::open(&url).unwrap();
+    let mut ids = Vec::new();
+    for turn in 0..3 {
+        let (id, header) = fresh();
+        store.create(header).unwrap();
+        store
+            .append(id, &completed_turn(1, 0, &format!("turn {turn}")))
+            .unwrap();
+        ids.push(id);
+    }
+    drop(store);
+    let garbled = ids[1];
+    server.psql(
+        &url,
+        &format!("UPDATE lineage_sessions SET row = '\\x00ffee' WHERE id = '{garbled}'"),
+    );
+    let store = Store::open_read_only(&url).unwrap();
+    match store.list() {
+        Err(StoreError::CorruptHeader { session, .. }) => assert_eq!(session, garbled),
+        other => panic!("expected the garbled row's error, got {other:?}"),
+    }
+    let listed = store.list_each().unwrap();
+    assert_eq!(listed.len(), 3);
+    for (id, entry) in ids.iter().zip(&listed) {
+        match entry {
+            Ok(info) => assert_eq!(info.header.id, *id),
+            Err(StoreError::CorruptHeader { session, .. }) => assert_eq!(*session, garbled),
+            Err(other) => panic!("expected the garbled row's error, got {other:?}"),
+        }
+    }
+    assert_eq!(listed.iter().filter(|e| e.is_err()).count(), 1);
+
+    let copy = mem_store();
+    let copied = store.copy_into(&copy).unwrap();
+    assert_eq!(copied.copied, vec![ids[0], ids[2]]);
+    assert_eq!(copied.damaged.len(), 1);
+    assert_eq!(copied.damaged[0].0, garbled);
+    assert!(
+        copied.damaged[0].1.contains(&garbled.to_string()),
+        "{:?}",
+        copied.damaged
+    );
+    assert_eq!(copy.list().unwrap().len(), 2);
+}

@@ -126,6 +126,20 @@ impl Opened {
         self.store.list().map_err(|e| self.fail(e))
     }
 
+    /// Every session whose row reads, in creation order, and the failure of each that does not
+    /// (a damaged row, naming its session): one damaged session does not hide the others.
+    pub fn list_readable(&self) -> Result<(Vec<SessionInfo>, Vec<CliError>), CliError> {
+        let mut readable = Vec::new();
+        let mut unreadable = Vec::new();
+        for listed in self.store.list_each().map_err(|e| self.fail(e))? {
+            match listed {
+                Ok(info) => readable.push(info),
+                Err(e) => unreadable.push(self.fail(e)),
+            }
+        }
+        Ok((readable, unreadable))
+    }
+
     /// The session `arg` names: a full id, or a prefix of exactly one stored session's id.
     pub fn resolve(&self, arg: &str) -> Result<SessionInfo, CliError> {
         let arg = arg.trim();

@@ -187,3 +187,59 @@ fn a_command_on_a_server_that_never_answers_fails_within_its_bound() {
     let bound = lineage_store::PostgresTimeouts::default().connect;
     assert!(took < bound + std::time::Duration::from_secs(5), "{took:?}");
 }
+
+/// One garbled session row: `ls`, `tree` and `copy` go on with the other sessions, name the
+/// garbled one, and exit 1.
+#[test]
+fn ls_tree_and_copy_go_on_past_a_garbled_session_row() {
+    let server = postgres();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.create_database();
+    let (root, child) = two_sessions(Path::new(&url));
+    let store = Store::open(&url).unwrap();
+    let garbled = SessionId::new();
+    store
+        .import(Header::new(garbled, T0 as u64), &turn(1, 0))
+        .unwrap();
+    store.close().unwrap();
+    server.psql(
+        &url,
+        &format!("UPDATE lineage_sessions SET row = '\\x00ffee' WHERE id = '{garbled}'"),
+    );
+    for command in ["ls", "tree"] {
+        let failed = run(&[command, &url]);
+        assert_eq!(failed.code, 1, "{command}: {}", failed.stderr);
+        for id in [root, child] {
+            assert!(
+                failed.stdout.contains(&id.to_string()[..8]),
+                "{command}: {}",
+                failed.stdout
+            );
+        }
+        assert!(
+            failed
+                .stderr
+                .contains(&format!("corrupt header of session {garbled}")),
+            "{command}: {}",
+            failed.stderr
+        );
+    }
+    let back = dir.path().join("back.lineage");
+    let failed = run(&["copy", &url, s(&back), "--json"]);
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    let report: serde_json::Value = serde_json::from_str(&failed.stdout).unwrap();
+    assert_eq!(
+        report["copied"],
+        serde_json::json!([root.to_string(), child.to_string()])
+    );
+    assert_eq!(report["damaged"], serde_json::json!([garbled.to_string()]));
+    assert!(
+        failed.stderr.contains(&garbled.to_string()),
+        "{}",
+        failed.stderr
+    );
+    assert_eq!(
+        Store::open_read_only(&back).unwrap().list().unwrap().len(),
+        2
+    );
+}

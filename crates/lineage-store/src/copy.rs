@@ -19,6 +19,9 @@ pub struct Copied {
     pub present: Vec<SessionId>,
     /// The events of the copied sessions.
     pub events: u64,
+    /// The sessions not copied because their stored row is damaged, with what is wrong (the
+    /// others are copied all the same).
+    pub damaged: Vec<(SessionId, String)>,
 }
 
 impl Store {
@@ -31,16 +34,22 @@ impl Store {
     /// A session the destination already holds identically is left alone, so copying twice
     /// changes nothing; one it holds otherwise (another log under the same id, or a shorter or
     /// longer one) is refused with [`StoreError::CopyDiverged`], naming it, before anything of it
-    /// is written. A snapshot of this store is copied: commits made meanwhile are not.
+    /// is written. A snapshot of this store is copied: commits made meanwhile are not. A session
+    /// whose row is damaged is not copied and is named in [`Copied::damaged`].
     pub fn copy_into(&self, destination: &Store) -> Result<Copied> {
         destination.writable()?;
         guard(|| {
             let view = self.view()?;
             let mut records = BTreeMap::new();
-            for (session, row) in view.rows()? {
-                records.insert(session, SessionRecord::decode(session, &row)?);
-            }
             let mut copied = Copied::default();
+            for (session, row) in view.rows()? {
+                match SessionRecord::decode(session, &row) {
+                    Ok(record) => {
+                        records.insert(session, record);
+                    }
+                    Err(e) => copied.damaged.push((session, e.to_string())),
+                }
+            }
             for session in parents_first(&records) {
                 let record = &records[&session];
                 match destination.info(session) {

@@ -870,13 +870,22 @@ impl Store {
         })
     }
 
-    /// Every stored session, in id order (which is creation order for UUIDv7 ids).
+    /// Every stored session, in id order (which is creation order for UUIDv7 ids). A damaged
+    /// row fails the whole list; [`Store::list_each`] lists the others.
     pub fn list(&self) -> Result<Vec<SessionInfo>> {
+        self.list_each()?.into_iter().collect()
+    }
+
+    /// Every stored session, in id order, each row decoded on its own: a row that does not
+    /// decode is that session's [`StoreError::CorruptHeader`], and the others are still listed.
+    /// The outer error is a failure to read the rows at all.
+    pub fn list_each(&self) -> Result<Vec<Result<SessionInfo>>> {
         guard(|| {
             let rows = self.view()?.rows()?;
-            rows.into_iter()
+            Ok(rows
+                .into_iter()
                 .map(|(session, row)| Ok(info_of(SessionRecord::decode(session, &row)?)))
-                .collect()
+                .collect())
         })
     }
 

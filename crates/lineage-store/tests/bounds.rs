@@ -225,3 +225,109 @@ fn a_commit_past_the_call_deadline_fails_and_the_next_flush_commits() {
     );
     assert_intact(&reader.verify().unwrap());
 }
+
+/// A TCP proxy to the test server that, when armed, lets the next `COMMIT` through and then
+/// swallows everything the server says on that connection, leaving it open: the client sees a
+/// half-open connection, as after a partition right after the commit.
+struct StallingProxy {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallingProxy {
+    fn start(target: u16) -> StallingProxy {
+        use std::io::{Read, Write};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let arming = armed.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let stalled = Arc::new(AtomicBool::new(false));
+                let (mut client_in, mut server_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (armed, stalling) = (arming.clone(), stalled.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = client_in.read(&mut buf) {
+                        let chunk = &buf[..n];
+                        if chunk.windows(6).any(|w| w == b"COMMIT")
+                            && armed.swap(false, Ordering::SeqCst)
+                        {
+                            stalling.store(true, Ordering::SeqCst);
+                        }
+                        if server_out.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = server_out.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut server_in, mut client_out) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = server_in.read(&mut buf) {
+                        if !stalled.load(Ordering::SeqCst)
+                            && client_out.write_all(&buf[..n]).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    let _ = client_out.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        StallingProxy { port, armed }
+    }
+
+    fn stall_after_next_commit(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A `COMMIT` the server applied but whose answer never comes passes its call deadline: the
+/// commit is in doubt, the writer reads the round back on another connection and finds it, so
+/// the append is durable and acknowledged, and the next one continues after it.
+#[test]
+fn a_commit_past_the_call_deadline_is_in_doubt_and_resolved_by_reading_back() {
+    let server = postgres();
+    let direct = server.create_database();
+    let proxy = StallingProxy::start(server.port());
+    let (host, database) = direct.rsplit_once('/').unwrap();
+    let (host, _) = host.rsplit_once(':').unwrap();
+    let through = format!("{host}:{}/{database}", proxy.port);
+    let call = Duration::from_millis(500);
+    let store = Store::open_with(
+        &through,
+        options(PostgresTimeouts {
+            call,
+            ..PostgresTimeouts::default()
+        }),
+    )
+    .unwrap();
+    let (id, header) = fresh();
+    store.create(header).unwrap();
+    let turns: Vec<_> = (0..3)
+        .map(|t| completed_turn(t as u32 + 1, t * 6, &format!("turn {t}")))
+        .collect();
+    store.append(id, &turns[0]).unwrap();
+
+    proxy.stall_after_next_commit();
+    let started = Instant::now();
+    store
+        .append(id, &turns[1])
+        .expect("the round is found in the store: the append is durable");
+    let took = started.elapsed();
+    assert!(took >= call, "the commit waited its deadline: {took:?}");
+    assert!(took < call + SLACK, "{took:?}");
+    store.append(id, &turns[2]).unwrap();
+    drop(store);
+
+    let reader = Store::open_read_only(&direct).unwrap();
+    assert_eq!(reader.read_from(id, 0).unwrap(), turns.concat());
+    assert_intact(&reader.verify().unwrap());
+}

@@ -117,3 +117,88 @@ fn a_role_without_rights_is_denied_and_told_which() {
     assert_eq!(kind, EngineErrorKind::PermissionDenied, "{message}");
     assert!(message.contains("lineage_"), "{message}");
 }
+
+/// A `lineage_meta` of another application (other columns, or other types) is not a store's, and
+/// says so; neither open panics, and a writer creates nothing beside it.
+#[test]
+fn a_meta_table_of_another_shape_is_not_a_lineage_table() {
+    let server = postgres();
+    let shapes = [
+        "CREATE TABLE lineage_meta (id int, note text); INSERT INTO lineage_meta VALUES (1, 'x')",
+        "CREATE TABLE lineage_meta (name text, value int); INSERT INTO lineage_meta VALUES ('magic', 7)",
+        "CREATE TABLE lineage_meta (name text, value bytea); INSERT INTO lineage_meta VALUES (NULL, NULL)",
+    ];
+    for shape in shapes {
+        let url = server.create_database();
+        server.psql(&url, shape);
+        for opened in [Store::open(&url), Store::open_read_only(&url)] {
+            match opened {
+                Err(StoreError::NotAStore { reason, .. }) => assert!(
+                    reason.starts_with("the table lineage_meta is not a Lineage table: "),
+                    "{shape}: {reason}"
+                ),
+                other => panic!("{shape}: expected NotAStore, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            server.psql(
+                &url,
+                "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'lineage_%'"
+            ),
+            "1",
+            "{shape}: nothing was created beside it"
+        );
+    }
+}
+
+/// A garbled session row is that session's error: the list names it and lists the others, and a
+/// copy copies the others and names it.
+#[test]
+fn a_garbled_session_row_fails_only_its_session() {
+    use common::*;
+    let server = postgres();
+    let url = server.create_database();
+    let store = Store::open(&url).unwrap();
+    let mut ids = Vec::new();
+    for turn in 0..3 {
+        let (id, header) = fresh();
+        store.create(header).unwrap();
+        store
+            .append(id, &completed_turn(1, 0, &format!("turn {turn}")))
+            .unwrap();
+        ids.push(id);
+    }
+    drop(store);
+    let garbled = ids[1];
+    server.psql(
+        &url,
+        &format!("UPDATE lineage_sessions SET row = '\\x00ffee' WHERE id = '{garbled}'"),
+    );
+    let store = Store::open_read_only(&url).unwrap();
+    match store.list() {
+        Err(StoreError::CorruptHeader { session, .. }) => assert_eq!(session, garbled),
+        other => panic!("expected the garbled row's error, got {other:?}"),
+    }
+    let listed = store.list_each().unwrap();
+    assert_eq!(listed.len(), 3);
+    for (id, entry) in ids.iter().zip(&listed) {
+        match entry {
+            Ok(info) => assert_eq!(info.header.id, *id),
+            Err(StoreError::CorruptHeader { session, .. }) => assert_eq!(*session, garbled),
+            Err(other) => panic!("expected the garbled row's error, got {other:?}"),
+        }
+    }
+    assert_eq!(listed.iter().filter(|e| e.is_err()).count(), 1);
+
+    let copy = mem_store();
+    let copied = store.copy_into(&copy).unwrap();
+    assert_eq!(copied.copied, vec![ids[0], ids[2]]);
+    assert_eq!(copied.damaged.len(), 1);
+    assert_eq!(copied.damaged[0].0, garbled);
+    assert!(
+        copied.damaged[0].1.contains(&garbled.to_string()),
+        "{:?}",
+        copied.damaged
+    );
+    assert_eq!(copy.list().unwrap().len(), 2);
+}

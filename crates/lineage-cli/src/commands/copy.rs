@@ -11,12 +11,14 @@ use lineage_store::StoreError;
 use serde_json::json;
 
 use super::lifecycle::Verified;
+use super::unreadable_sessions;
 use crate::cli::CopyArgs;
 use crate::error::CliError;
 use crate::open::{open, open_for_writing};
 
 /// Copies `args.source` into `args.destination`; exit 1 when the destination's verify finds
-/// problems afterwards.
+/// problems afterwards, or a session of the source was not copied because its row is damaged
+/// (the others are).
 pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let source = open(&args.source)?;
     let destination = open_for_writing(&args.destination)?;
@@ -34,8 +36,9 @@ pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         "copied": copied.copied.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "present": copied.present.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "events": copied.events,
+        "damaged": copied.damaged.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>(),
     });
-    Verified::run(&destination)?.conclude(out, args.output.json, report, |out| {
+    let verified = Verified::run(&destination)?.conclude(out, args.output.json, report, |out| {
         writeln!(
             out,
             "copied {} session(s), {} events, from {} to {}; {} already there",
@@ -45,5 +48,17 @@ pub fn run(args: &CopyArgs, out: &mut dyn Write) -> Result<u8, CliError> {
             destination.path.display(),
             copied.present.len()
         )
-    })
+    })?;
+    let damaged = copied
+        .damaged
+        .iter()
+        .map(|(session, reason)| {
+            CliError::Damaged(format!(
+                "{reason} in {} (session {session} was not copied)",
+                source.path.display()
+            ))
+        })
+        .collect();
+    unreadable_sessions(damaged)?;
+    Ok(verified)
 }

@@ -15,9 +15,9 @@ use lineage_log::{Origin, SessionMeta};
 use serde_json::{Value, json};
 
 use super::tag::{tags_json, tags_text};
-use super::{Ending, ending, id_json, write_json};
+use super::{Ending, ending, id_json, unreadable_sessions, write_json};
 use crate::cli::LsArgs;
-use crate::error::{CliError, EXIT_OK};
+use crate::error::CliError;
 use crate::open::open;
 use crate::render::{Table, stop_label};
 use crate::time::iso_seconds_u64;
@@ -26,10 +26,9 @@ use crate::time::iso_seconds_u64;
 pub fn run(args: &LsArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let wanted = wanted_tags(&args.tags)?;
     let opened = open(&args.store)?;
-    let sessions = opened.list()?;
+    let (sessions, mut unreadable) = opened.list_readable()?;
     let mut rows = Vec::with_capacity(sessions.len());
     let mut metas = Vec::with_capacity(sessions.len());
-    let mut unreadable = Vec::new();
     for info in &sessions {
         let meta = match opened.store.session_meta(info.header.id) {
             Ok(meta) => Some(meta),
@@ -148,18 +147,7 @@ pub fn run(args: &LsArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         table.write(out)?;
     }
 
-    let count = unreadable.len();
-    match unreadable.into_iter().next() {
-        None => Ok(EXIT_OK),
-        Some(first) if count == 1 => Err(first),
-        Some(first) => {
-            let message = format!(
-                "{count} sessions could not be read, the first because {}",
-                first.message().unwrap_or_default()
-            );
-            Err(first.restated(message))
-        }
-    }
+    unreadable_sessions(unreadable)
 }
 
 /// The JSON and table name of an origin.

@@ -65,6 +65,23 @@ pub fn run_verify(args: &crate::cli::VerifyArgs, out: &mut dyn Write) -> Result<
 }
 
 /// Writes `value` as one pretty-printed JSON document and a newline.
+/// How a command that went on past unreadable sessions ends: exit 0 when there were none, else
+/// the first failure (which names its session), with the count when there were several.
+pub fn unreadable_sessions(unreadable: Vec<CliError>) -> Result<u8, CliError> {
+    let count = unreadable.len();
+    match unreadable.into_iter().next() {
+        None => Ok(crate::error::EXIT_OK),
+        Some(first) if count == 1 => Err(first),
+        Some(first) => {
+            let message = format!(
+                "{count} sessions could not be read, the first because {}",
+                first.message().unwrap_or_default()
+            );
+            Err(first.restated(message))
+        }
+    }
+}
+
 pub fn write_json(out: &mut dyn Write, value: &Value) -> io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::from)?;
     writeln!(out)

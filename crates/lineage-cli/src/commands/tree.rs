@@ -11,9 +11,9 @@ use lineage_log::{EventBody, SessionId, SubagentDescriptor};
 use lineage_store::SessionInfo;
 use serde_json::{Value, json};
 
-use super::{id_json, write_json};
+use super::{id_json, unreadable_sessions, write_json};
 use crate::cli::TreeArgs;
-use crate::error::{CliError, EXIT_OK};
+use crate::error::CliError;
 use crate::open::{Opened, open};
 use crate::render::{Table, mode_label};
 use crate::time::iso_seconds_u64;
@@ -39,6 +39,7 @@ impl Node {
 /// Prints the tree of every root session, or of ROOT.
 pub fn run(args: &TreeArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     let opened = open(&args.store)?;
+    let mut unreadable = Vec::new();
     let (infos, roots) = match &args.root {
         Some(root) => {
             let root = opened.resolve(root)?;
@@ -50,7 +51,8 @@ pub fn run(args: &TreeArgs, out: &mut dyn Write) -> Result<u8, CliError> {
             (infos, vec![id])
         }
         None => {
-            let infos = opened.list()?;
+            let (infos, damaged) = opened.list_readable()?;
+            unreadable = damaged;
             let stored: HashSet<SessionId> = infos.iter().map(|i| i.header.id).collect();
             // Roots: top-level sessions, and children whose parent is not in this store.
             let roots = infos
@@ -100,7 +102,7 @@ pub fn run(args: &TreeArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         }
         table.write(out)?;
     }
-    Ok(EXIT_OK)
+    unreadable_sessions(unreadable)
 }
 
 /// The descriptor of a child's own suffix: the first `subagent/descriptor` at or after its seed

@@ -757,7 +757,18 @@ impl PgEngine {
                 "the first connection is still in use",
             ))
         })?;
-        let conn = shared.prepare((client, task)).map_err(storage)?;
+        let conn = shared.prepare((client, task)).map_err(|e| {
+            // A statement naming a column or table that is not there, or of another type: the
+            // tables are not all the ones a store makes.
+            if e.to_string().contains("(SQLSTATE 42") && e.kind() == EngineErrorKind::Other {
+                StoreError::NotAStore {
+                    path: shown.clone().into(),
+                    reason: format!("its tables are not all Lineage tables: {e}"),
+                }
+            } else {
+                storage(e)
+            }
+        })?;
         shared
             .pool
             .lock()
@@ -1602,25 +1613,40 @@ fn lost_the_creation_race(error: &tokio_postgres::Error) -> bool {
     })
 }
 
-/// The store's meta rows, by name.
-async fn meta_rows(
-    c: &Client,
-) -> std::result::Result<Vec<(String, Vec<u8>)>, tokio_postgres::Error> {
-    let rows = c.query("SELECT name, value FROM lineage_meta", &[]).await?;
+/// The store's meta rows, by name, or why the table `lineage_meta` is not the one a store makes
+/// (another application's, or another shape): never a panic on what the table holds.
+async fn meta_rows(c: &Client) -> std::result::Result<Meta, tokio_postgres::Error> {
+    let rows = match c.query("SELECT name, value FROM lineage_meta", &[]).await {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+            return Ok(Err(foreign_meta(&pg_error(e).to_string())));
+        }
+        Err(e) => return Err(e),
+    };
     Ok(rows
         .iter()
-        .map(|row| (row.get::<_, String>(0), row.get::<_, Vec<u8>>(1)))
-        .collect())
+        .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get::<_, Vec<u8>>(1)?)))
+        .collect::<std::result::Result<_, tokio_postgres::Error>>()
+        .map_err(|e| foreign_meta(&format!("its rows are not (text, bytea) pairs: {e}"))))
+}
+
+/// The meta rows, or the reason the table is not a store's.
+type Meta = std::result::Result<Vec<(String, Vec<u8>)>, String>;
+
+fn foreign_meta(reason: &str) -> String {
+    format!("the table lineage_meta is not a Lineage table: {reason}")
 }
 
 /// Checks the meta rows as redb's `meta` table is checked: the magic, a format version this
 /// build reads, a store id.
-fn check_meta(shown: &str, meta: Option<Vec<(String, Vec<u8>)>>) -> Result<(Uuid, BlockFormat)> {
+fn check_meta(shown: &str, meta: Option<Meta>) -> Result<(Uuid, BlockFormat)> {
     let not_a_store = |reason: &str| StoreError::NotAStore {
         path: shown.into(),
         reason: reason.to_owned(),
     };
-    let meta = meta.ok_or_else(|| not_a_store("it holds no Lineage tables"))?;
+    let meta = meta
+        .ok_or_else(|| not_a_store("it holds no Lineage tables"))?
+        .map_err(|reason| not_a_store(&reason))?;
     let get = |name: &str| {
         meta.iter()
             .find(|(n, _)| n == name)

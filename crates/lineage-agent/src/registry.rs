@@ -486,12 +486,18 @@ impl Agents {
     /// Resumes the stored session `id` as a live agent: loads it (a turn torn by a crash is
     /// closed durably first: interrupted, with unanswered calls answered), replays its inbox and
     /// publishes it idle. Restored pending work does not run until a waking send; turn numbers
-    /// and seqs continue from the log.
+    /// and seqs continue from the log. A live agent under the id that is on its way out
+    /// (disposing, or stopped because its lease was lost) is waited for first.
     ///
     /// Cancel safety: dropping the future publishes no agent and frees the id; a load already
     /// started completes on its blocking thread, crash repair included, so the session is at worst
     /// repaired, never half-repaired.
     pub async fn resume(&self, id: SessionId, spec: AgentSpec) -> Result<Arc<Agent>, AgentError> {
+        // An agent on its way out (disposing, or stopped because its lease was lost) is waited
+        // for: once its disposal ends, the session is free here.
+        while let Some(leaving) = self.get(id).filter(|agent| agent.is_leaving()) {
+            let _ = leaving.shut_down().await;
+        }
         let reservation = self.reserve(id)?;
         let (config, tools) = self.config(id, &spec)?;
         let store = self.inner.store.clone();

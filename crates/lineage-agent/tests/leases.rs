@@ -349,3 +349,45 @@ async fn an_agent_whose_log_the_store_does_not_hold_stops_and_a_resume_reloads_i
     assert_eq!(answers(&stored), 2);
     on_a.dispose_all().await;
 }
+
+/// An agent disposed of while its release cannot reach the database leaves its lease live; the
+/// same host resuming it starts a new tenure all the same, with a larger token, and the log's
+/// tenures only grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_after_a_failed_release_records_a_larger_token() {
+    let server = postgres();
+    let url = server.create_database();
+    let proxy = Proxy::start(server.port());
+    let a = Store::open(through(&url, proxy.port())).unwrap();
+    let on_a = registry(&a);
+    let agent = on_a.create(CreateAgent::fresh(spec())).await.unwrap();
+    let id = agent.id();
+    run_turn(&agent, "hello").await;
+    let first = agent.lease_fence().unwrap();
+
+    // The release's parameters start with the session and the holder (16 bytes each, binary).
+    let mut release = id.as_uuid().as_bytes().to_vec();
+    release.extend_from_slice(&16u32.to_be_bytes());
+    release.extend_from_slice(a.holder().as_bytes());
+    proxy.cut_next(Cut::Before(release));
+    on_a.dispose(id).await;
+    assert_eq!(proxy.cuts(), 1, "the release never reached the database");
+    let lease = a.lease(id).unwrap().unwrap();
+    assert!(lease.is_live() && lease.holder == Some(a.holder()) && lease.fence == first);
+
+    let back = on_a
+        .resume(id, spec())
+        .await
+        .expect("resumed on the same host");
+    assert!(back.lease_fence().unwrap() > first);
+    run_turn(&back, "again").await;
+    let fences = tenures(
+        &Store::open_read_only(&url)
+            .unwrap()
+            .read_from(id, 0)
+            .unwrap(),
+    );
+    assert_eq!(fences.len(), 2, "{fences:?}");
+    assert!(fences[0] < fences[1], "{fences:?}");
+    on_a.dispose_all().await;
+}

@@ -1,6 +1,7 @@
 //! Disposal: one per agent, shared by every caller. It cancels the agent's work, waits until no
 //! driver runs, makes the final flush, drops the tools, frees the id of a session nothing was
-//! written to, leaves the registry and, last, gives the session back to the store.
+//! written to, gives the session back to the store once nothing more will be appended and, last,
+//! leaves the registry: once the agent is gone from it, its session can be owned anew.
 
 use std::sync::{Arc, Mutex};
 
@@ -125,6 +126,13 @@ impl Agent {
         lock(&self.state).disposing
     }
 
+    /// Whether the agent is on its way out of the registry: disposing, or stopped for good (see
+    /// `ownership`), which disposes of it.
+    pub(crate) fn is_leaving(&self) -> bool {
+        let st = lock(&self.state);
+        st.disposing || st.stopped.is_some()
+    }
+
     async fn dispose_now(self: Arc<Self>, queued: Queued) -> DisposalOutcome {
         lock(&self.state).disposing = true;
         if let Err(error) = self.cancel(AbortCause::Disposed, queued) {
@@ -157,6 +165,9 @@ impl Agent {
             let mut st = lock(&self.state);
             st.released = self.store.forget_unwritten(self.id);
         }
+        // The session is the store's to repair again once nothing more will be appended, and
+        // before the agent leaves the registry, so a resume that finds it gone can own it.
+        self.ownership.release();
         if let Some(registry) = self.registry.upgrade() {
             registry.remove(&self);
             registry.broadcast(RegistryEvent::Disposed {
@@ -165,8 +176,6 @@ impl Agent {
             });
         }
         lock(&self.state).subscribers.clear();
-        // Last: the session is the store's to repair again once nothing more will be appended.
-        self.ownership.release();
         outcome
     }
 }

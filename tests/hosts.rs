@@ -1334,3 +1334,146 @@ async fn a_follow_up_id_sent_twice_across_hosts_arrives_once_and_a_withdrawn_one
     assert_eq!(spliced_count(&log, withdrawn), 1, "the retry only");
     assert_balanced(&log);
 }
+
+/// `url` with the role `role` instead of the test server's own (it trusts every local role).
+fn as_role(url: &str, role: &str) -> String {
+    url.replacen(
+        &format!("://{}@", lineage_testkit::postgres::ROLE),
+        &format!("://{role}@"),
+        1,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_whose_wait_fails_is_refused_only_once_its_mail_is_taken_back() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let gate = Gate::new();
+    router.script(
+        "c",
+        [
+            Response::text("c's first turn").gated(&gate),
+            Response::text("c's second turn"),
+        ],
+    );
+    // Host A keeps the child and serves no mail until told to: posted mail waits, unclaimed.
+    let agents_a = lineage::agent::Agents::new(Store::open(&url).unwrap(), router.clone());
+    // The sender's host runs as a role of its own, so that the test can take away what it may
+    // read of the mailbox while the follow-up waits.
+    postgres().psql(
+        &url,
+        "CREATE ROLE sender LOGIN; GRANT ALL ON SCHEMA public TO sender; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO sender; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO sender",
+    );
+    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
+    runtime_a
+        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
+        .unwrap();
+    let lead = agents_a
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let lead_id = lead.id();
+    let child = runtime_a
+        .start_continuable("spawn", continuable(&lead, "c", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+    agents_a.dispose(lead_id).await;
+    let b = host(&as_role(&url, "sender"), &router);
+    let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
+    let request = |text: &str, id| lineage::subagent::FollowupRequest {
+        message_id: Some(id),
+        ..lineage::subagent::FollowupRequest::new(lead_b.clone(), child, text)
+    };
+    let mail_of = |id: lineage::log::MessageId| {
+        Store::open_read_only(&url)
+            .unwrap()
+            .mail_for(&[child])
+            .unwrap()
+            .iter()
+            .any(|m| m.id == id.as_uuid())
+    };
+
+    // The sender may not post: it finds that its mail is not there, nor in the child's log,
+    // and it is refused.
+    postgres().psql(
+        &url,
+        "REVOKE ALL ON SEQUENCE lineage_mailbox_posted_seq FROM sender",
+    );
+    let unposted = lineage::log::MessageId::new();
+    let error = b
+        .subagents
+        .send_followup(&request("never posted", unposted))
+        .await
+        .expect_err("the follow-up is refused");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::NotResumable,
+        "{error}"
+    );
+    assert!(!mail_of(unposted));
+    postgres().psql(
+        &url,
+        "GRANT ALL ON SEQUENCE lineage_mailbox_posted_seq TO sender",
+    );
+
+    // The sender may post, and may take its mail back, but not look at the mailbox: its wait
+    // fails, its mail is taken back, and then it is refused.
+    postgres().psql(
+        &url,
+        "REVOKE SELECT ON lineage_mailbox FROM sender; \
+         GRANT SELECT (id, claimed_by) ON lineage_mailbox TO sender",
+    );
+    let refused = lineage::log::MessageId::new();
+    let error = b
+        .subagents
+        .send_followup(&request("refused", refused))
+        .await
+        .expect_err("the follow-up is refused");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::NotResumable,
+        "{error}"
+    );
+    assert!(!mail_of(refused), "refused only once taken back");
+
+    // It may post but neither look nor take back: the outcome is unknown, and the mail stays.
+    postgres().psql(&url, "REVOKE DELETE ON lineage_mailbox FROM sender");
+    let unknown = lineage::log::MessageId::new();
+    let error = b
+        .subagents
+        .send_followup(&request("outcome unknown", unknown))
+        .await
+        .expect_err("the follow-up's outcome is unknown");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::OutcomeUnknown,
+        "{error}"
+    );
+    assert!(error.to_string().contains("same message id"), "{error}");
+    assert!(mail_of(unknown), "{error}");
+
+    // The database answers again and A serves its mail: the caller's retry of the unknown one
+    // is accepted, and the child has it once; the refused one never arrives.
+    postgres().psql(&url, "GRANT SELECT, DELETE ON lineage_mailbox TO sender");
+    let _serving = runtime_a.serve_mail().unwrap();
+    let retried = b
+        .subagents
+        .send_followup(&request("outcome unknown", unknown))
+        .await;
+    assert_eq!(retried.unwrap(), unknown);
+    gate.open();
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&lead_b.events()).is_empty()
+    })
+    .await;
+    let log = stored(&url, child);
+    assert_eq!(user_texts(&log), ["first job", "outcome unknown"]);
+    assert_eq!(spliced_count(&log, unknown), 1);
+    assert_eq!(spliced_count(&log, refused), 0);
+    assert_eq!(spliced_count(&log, unposted), 0);
+}

@@ -460,6 +460,32 @@ async fn a_cancel_that_keeps_queued_work_parks_it_until_the_next_waking_send() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn run_pending_runs_parked_work_without_a_send_and_does_nothing_when_none_is_parked() {
+    let h = Harness::new([Response::hang(), Response::text("for b")]);
+    let agent = h.agent().await;
+    assert!(!agent.run_pending(), "nothing pending: no turn");
+    assert!(turn_ends(&agent.events()).is_empty());
+    agent.followup(user("a")).unwrap();
+    h.model.wait_for_requests(1).await;
+    agent.followup(user("b")).unwrap();
+    agent.cancel(AbortCause::User, Queued::Keep).unwrap();
+    agent.when_idle().await;
+    assert_eq!(texts(&agent.pending(InboxTarget::NextTurn)), ["b"]);
+    assert!(agent.run_pending());
+    agent.when_idle().await;
+    let events = agent.events();
+    assert_eq!(user_texts(&events), ["a", "b"]);
+    assert_eq!(
+        turn_ends(&events),
+        [aborted(AbortCause::User), TurnEndReason::Completed]
+    );
+    assert!(!agent.has_pending());
+    assert!(!agent.run_pending());
+    assert_eq!(turn_ends(&agent.events()).len(), 2, "no empty turn");
+    assert_balanced(&agent.events());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_cancel_that_discards_queued_work_does_so_durably() {
     let h = Harness::new([Response::hang()]);
     let agent = h.agent().await;

@@ -425,6 +425,52 @@ async fn send_message_delivers_a_coordinator_turn_and_refuses_unknown_malformed_
     within(h.runtime.drain()).await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn send_message_under_one_message_id_delivers_once_however_often_it_is_sent() {
+    let h = Harness::new();
+    let gate = Gate::new();
+    h.model("worker").push([
+        Response::text("first done").gated(&gate),
+        Response::text("second done"),
+    ]);
+    let parent = h
+        .parent_with(parent_spec(vec![SendMessageTool::new(&h.runtime)]))
+        .await;
+    let (_, mut life) = listen(&h.runtime);
+    let child = start(&h, continuable(&parent, "worker", "first task")).await;
+    h.model("worker").wait_for_requests(1).await;
+    let named = |message: &str, id: serde_json::Value| json!({"subagent_id": child.to_string(), "message": message, "message_id": id});
+    h.parent_model().push([
+        calls(
+            "send_message",
+            &[
+                ("s1", named("second task", json!("job-2"))),
+                ("s2", named("second task", json!("job-2"))),
+                ("s3", named("bad id", json!(7))),
+            ],
+        ),
+        Response::text("sent"),
+        Response::text("noted"),
+    ]);
+    run_turn(&parent, "keep it busy").await;
+    let results = tool_results(&parent.events());
+    assert_eq!(results.len(), 3);
+    assert_ok(&results[0]);
+    assert_eq!(
+        results[0].text, results[1].text,
+        "the same message, accepted twice"
+    );
+    assert_error(&results[2], INVALID_ARGUMENTS);
+
+    gate.open();
+    child_end(&mut life, child).await;
+    let messages = user_messages(&h.stored(child));
+    let texts: Vec<&str> = messages.iter().map(|(_, text, _)| text.as_str()).collect();
+    assert_eq!(texts, ["first task", "second task"], "delivered once");
+    within(parent.when_idle()).await;
+    within(h.runtime.drain()).await.unwrap();
+}
+
 // ----- interrupt_agent ---------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]

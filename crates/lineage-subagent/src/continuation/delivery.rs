@@ -426,7 +426,8 @@ impl Continuation {
             )
         };
         let parent_id = child.header().parent.ok_or_else(parent_unavailable)?;
-        let parent = self.agents.get(parent_id);
+        // A fenced parent object is not the parent any more: its session's holder gets the report.
+        let parent = self.agents.get(parent_id).filter(|p| !p.is_fenced());
         let mut blocks = vec![ContentBlock::text(format!(
             "Background subagent {} reports:",
             child.id()

@@ -77,6 +77,11 @@ impl Continuation {
                     ),
                 }
             }
+            // Its holder may have come back (or another host resumed it) since it was found:
+            // then it was not torn, and the parent is told nothing.
+            if self.mailbox.held_elsewhere(torn.child).await {
+                continue;
+            }
             let notice = crash_notice(&torn);
             if !holds_message(parent, notice.id) {
                 parent

@@ -101,7 +101,7 @@ impl Agent {
         };
         if let Some(stored) = stored {
             let reason = format!(
-                "session {}: the store's log ends at seq {stored}, the agent's at seq {} \
+                "session {}: the store holds {stored} events of its log, the agent's log {} \
                  ({source}); the agent stops, and a resume reloads the session from the store",
                 self.id,
                 st.log.next_seq()

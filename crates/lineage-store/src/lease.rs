@@ -343,6 +343,14 @@ impl Store {
         self.coordinate(|c| c.lease(session))
     }
 
+    /// The refusal of `session`'s writes if the lease this store holds on it now was lost (see
+    /// [`Store::watch_leases`]); `None` while it holds it, or holds none. A watcher checks it to
+    /// tell a loss of the current tenure from one of an earlier owner's, announced late.
+    pub fn lost_lease(&self, session: SessionId) -> Option<StoreError> {
+        let state = self.inner.queue.lock();
+        state.leases.get(&session)?.refusal(session)
+    }
+
     /// The session's lease if another host holds it live (it keeps the session resident).
     pub fn held_elsewhere(&self, session: SessionId) -> crate::Result<Option<LeaseState>> {
         let me = self.holder();

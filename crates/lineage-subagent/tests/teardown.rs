@@ -136,7 +136,8 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
     let (_, mut life) = listen(&h.runtime);
     let (started, _, gate) = child_waiting(&h, &parent, "the answer is 42").await;
     // Another writer appends to the parent's session behind its back: the parent's next append
-    // (the notice) is refused by the store.
+    // (the notice) is refused by the store, and the parent, whose log the store no longer
+    // holds, stops and leaves the registry.
     let seq = parent.events().len() as u64;
     let foreign = EventBody::from(ApprovalPolicy {
         policy: "never".into(),
@@ -150,7 +151,11 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
 
     let seen = diagnostics(&mut watch);
     match seen.as_slice() {
-        [d] => {
+        [stopped, d] => {
+            assert_eq!(
+                (stopped.agent, stopped.kind),
+                (parent.id(), DiagnosticKind::LogAheadOfStore)
+            );
             assert_eq!(
                 (d.agent, d.kind),
                 (parent.id(), DiagnosticKind::NoticeUndelivered)
@@ -161,8 +166,11 @@ async fn an_undelivered_settlement_notice_is_a_diagnostic_for_its_parent() {
                 d.reason
             );
         }
-        other => panic!("expected one undelivered-notice diagnostic, got {other:?}"),
+        other => panic!("expected the parent stopped and the notice undelivered, got {other:?}"),
     }
+    within(parent.when_idle()).await;
+    let _ = within(parent.shut_down()).await;
+    assert!(h.agents.get(parent.id()).is_none());
 }
 
 #[tokio::test(start_paused = true)]

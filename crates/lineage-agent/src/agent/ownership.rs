@@ -101,7 +101,7 @@ impl Agent {
         };
         if let Some(stored) = stored {
             let reason = format!(
-                "session {}: the store's log ends at seq {stored}, the agent's at seq {} \
+                "session {}: the store holds {stored} events of its log, the agent's log {} \
                  ({source}); the agent stops, and a resume reloads the session from the store",
                 self.id,
                 st.log.next_seq()
@@ -141,10 +141,11 @@ impl Agent {
     }
 
     fn lease_lost(&self, loss: &LeaseLoss) {
-        let Some(fence) = self.ownership.fence() else {
+        // A loss announced late may be an earlier tenure's: only the lease held now counts.
+        let Some(error) = self.store.lost_lease(self.id) else {
+            tracing::debug!(agent = %self.id, ?loss, "a lease loss of an earlier tenure; the agent keeps its lease");
             return;
         };
-        let error = loss.error(self.id, fence);
         let mut st = lock(&self.state);
         if st.stopped.is_some() || st.released {
             return;

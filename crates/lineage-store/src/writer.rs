@@ -10,8 +10,10 @@
 //! round is then *in doubt*, and before anything else is committed the writer reads back what the
 //! store holds ([`Engine::resolve`]). A round found in the store is finished as if its commit had
 //! returned (its blocks leave the queues); one found absent is retried with whatever was admitted
-//! since. So a retry never meets its own earlier write as a conflict, and nothing admitted is
-//! dropped because storage failed.
+//! since. A commit found absent may still land later (it was in flight on the old connection):
+//! a retry whose write then meets a conflict reads the stored row back, and one the store already
+//! ends with (same end, same head digest) is finished as committed. So a retry never refuses its
+//! own earlier write, and nothing admitted is dropped because storage failed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -405,6 +407,11 @@ struct Taken {
     fence: Option<u64>,
     /// The session's open run once the write applies.
     open: Option<OpenRun>,
+    /// Where the write leaves the log: the seq after its last event, and the running digest there.
+    end: (u64, Digest),
+    /// The revision of the stored row when a write refused as a conflict turned out to be in the
+    /// store already (see [`Writer::recognise_stored`]).
+    stored: Option<u64>,
 }
 
 /// A round whose commit failed at its commit point, not yet known to be in the store or not. Its
@@ -498,8 +505,8 @@ impl Writer {
         }
         let shutting_down = state.shutdown;
         drop(state);
-        if let Some(doubt) = self.doubt.take() {
-            let resolved = self.resolve(&doubt);
+        if let Some(mut doubt) = self.doubt.take() {
+            let resolved = self.resolve(&mut doubt);
             let mut state = queue.lock();
             let settled = self.settle_doubt(&mut state, doubt, resolved);
             queue.wake_waiters.notify_all();
@@ -553,6 +560,7 @@ impl Writer {
         let mut writes = Vec::with_capacity(jobs.len());
         let mut taken = Vec::with_capacity(jobs.len());
         for job in &jobs {
+            let last = &job.blocks[job.blocks.len() - 1];
             let open = self.open_runs.get(&job.session).map(|(_, open)| open);
             let (write, open) = job.write(&self.options, open, &mut self.ratio);
             writes.push(write);
@@ -564,6 +572,8 @@ impl Writer {
                 last_ticket: job.last_ticket,
                 fence: job.fence,
                 open,
+                end: (last.end_seq(), last.digest),
+                stored: None,
             });
         }
         let deleting: Vec<&dyn Deletion> = deletions.iter().map(|d| d as &dyn Deletion).collect();
@@ -571,6 +581,7 @@ impl Writer {
         let failure = match result {
             Ok(committed) => {
                 drop(writes);
+                self.recognise_stored(&mut taken, &committed.writes);
                 let mut state = queue.lock();
                 state.committing.clear();
                 state.attempts += 1;
@@ -609,7 +620,7 @@ impl Writer {
             queue.wake_waiters.notify_all();
             return !shutting_down;
         };
-        let doubt = Doubt {
+        let mut doubt = Doubt {
             round: self.round,
             watermark,
             taken,
@@ -619,7 +630,7 @@ impl Writer {
         drop(state);
         // Storage that answers again at once settles the round now: a commit whose sync failed
         // after its write reached the store is then finished, not failed.
-        let resolved = self.resolve(&doubt);
+        let resolved = self.resolve(&mut doubt);
         let mut state = queue.lock();
         let landed = match resolved {
             Ok(true) => self.settle_doubt(&mut state, doubt, Ok(true)),
@@ -640,14 +651,72 @@ impl Writer {
         landed || !shutting_down
     }
 
-    /// Asks the engine whether a round in doubt is in the store.
-    fn resolve(&self, doubt: &Doubt) -> std::result::Result<bool, EngineError> {
-        contained(|| self.engine.resolve(&doubt.writes, &doubt.committed)).unwrap_or_else(|panic| {
-            Err(EngineError::new(
-                EngineErrorKind::Corrupted,
-                format!("the storage engine panicked reading back a commit in doubt: {panic}"),
-            ))
-        })
+    /// Asks the engine whether a round in doubt is in the store; if it is, its conflicts are
+    /// read back as a committed round's are.
+    fn resolve(&self, doubt: &mut Doubt) -> std::result::Result<bool, EngineError> {
+        let resolved = contained(|| self.engine.resolve(&doubt.writes, &doubt.committed))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::new(
+                    EngineErrorKind::Corrupted,
+                    format!("the storage engine panicked reading back a commit in doubt: {panic}"),
+                ))
+            });
+        if let Ok(true) = resolved {
+            self.recognise_stored(&mut doubt.taken, &doubt.committed.writes);
+        }
+        resolved
+    }
+
+    /// Finds, among the writes a committed round refused as conflicts, those whose end the store
+    /// already holds, and marks them with the stored row's revision ([`Taken::stored`]).
+    ///
+    /// A commit whose answer was lost may land after its read-back found it absent (it was still
+    /// in flight on the old connection): its retry then meets its own write as a conflict. The
+    /// digest chain makes "the store ends with these events" checkable: a stored row whose next
+    /// seq is the write's end and whose head is the digest the writer computed for the write's
+    /// last event holds exactly the log this write would have left, so the write is durable. An
+    /// identical write by another writer is indistinguishable, and equally correct. Anything else,
+    /// or a row that cannot be read, stays a conflict.
+    fn recognise_stored(&self, taken: &mut [Taken], written: &[Written]) {
+        let mut candidates = taken
+            .iter_mut()
+            .zip(written)
+            .filter(|(taken, written)| {
+                matches!(written, Written::Conflict { found: Some(found) } if *found == taken.end.0)
+            })
+            .map(|(taken, _)| taken)
+            .peekable();
+        if candidates.peek().is_none() {
+            return;
+        }
+        let view = match contained(|| self.engine.view()) {
+            Ok(Ok(view)) => view,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot read back sessions whose write met a conflict");
+                return;
+            }
+            Err(panic) => {
+                tracing::error!(panic, "the storage engine panicked opening a read view");
+                return;
+            }
+        };
+        for taken in candidates {
+            let session = taken.session;
+            let record = view.row(session).and_then(|row| {
+                row.map(|row| SessionRecord::decode(session, &row))
+                    .transpose()
+            });
+            match record {
+                Ok(Some(record)) if (record.next_seq, record.head) == taken.end => {
+                    tracing::info!(%session, next_seq = record.next_seq, "a write refused as a conflict is in the store already; it is finished");
+                    taken.stored = Some(record.revision);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%session, %error, "cannot read back a session whose write met a conflict");
+                }
+            }
+        }
     }
 
     /// Acts on what reading back a round in doubt found. Returns whether it is settled.
@@ -740,9 +809,23 @@ impl Writer {
                     }
                     continue;
                 }
-                Written::Conflict { found } => Refusal::Conflict {
-                    found,
-                    got: taken.first_seq,
+                // The store ends with this write's events: durable, as if applied. The blocks
+                // holding them were laid out by whichever write landed, not necessarily as
+                // `taken.open` says, and an open run rewrites stored blocks by key, so the
+                // session's open blocks count as closed: the next write starts a new block after
+                // them (its open run was removed above).
+                Written::Conflict { found } => match taken.stored {
+                    Some(revision) => {
+                        if let Some(tail) = state.tails.get_mut(&taken.session) {
+                            tail.revision = revision;
+                            tail.row_written = true;
+                        }
+                        continue;
+                    }
+                    None => Refusal::Conflict {
+                        found,
+                        got: taken.first_seq,
+                    },
                 },
                 Written::Fenced { lease } => {
                     // The lease is lost for good: later writes are refused here at once.

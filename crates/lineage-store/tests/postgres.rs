@@ -332,6 +332,61 @@ fn a_conflict_fails_only_its_sessions_flushes_in_a_shared_round() {
     assert_intact(&host.verify().unwrap());
 }
 
+/// A write whose events the store already holds, byte for byte and ending where the write ends,
+/// is durable, not a conflict: what a commit whose answer was lost, and that landed only after
+/// its read-back found it absent, leaves for its retry. Another host storing exactly the same
+/// batch first is the same to the writer, and here stands in for it.
+#[test]
+fn a_write_the_store_already_ends_with_is_finished_and_a_different_one_still_conflicts() {
+    let url = postgres().create_database();
+    let a = Store::open(&url).unwrap();
+    let b = Store::open(&url).unwrap();
+    let (id, header) = fresh();
+    a.import(header, &completed_turns(1)).unwrap();
+    let len = a.info(id).unwrap().len;
+
+    // Both hold the same prefix; B stores exactly the batch A is about to append.
+    let batch = completed_turn(2, len, "the same question");
+    b.load(id).unwrap();
+    b.append(id, &batch).unwrap();
+    let revision = b.info(id).unwrap().revision;
+    a.append(id, &batch)
+        .expect("the store ends with A's events: its write is durable");
+    assert_eq!(a.admitted_next_seq(id), Some(len + 6), "A's tail continues");
+
+    let next = completed_turn(3, len + 6, "a's next question");
+    a.append(id, &next)
+        .expect("A continues after the stored batch");
+    assert_eq!(
+        a.info(id).unwrap().revision,
+        revision + 1,
+        "A's next row follows the stored revision"
+    );
+
+    // A different batch at the seq where the log already moved on is a conflict, as ever.
+    let end = len + 12;
+    let c = Store::open(&url).unwrap();
+    c.load(id).unwrap();
+    let theirs = completed_turn(4, end, "c's question");
+    c.append(id, &theirs).unwrap();
+    match a.append(id, &completed_turn(4, end, "a's question")) {
+        Err(StoreError::SeqMismatch {
+            session,
+            expected,
+            got,
+            ..
+        }) => assert_eq!((session, expected, got), (id, end + 6, end)),
+        other => panic!("a different batch at a stored seq is a conflict: {other:?}"),
+    }
+
+    let reader = Store::open_read_only(&url).unwrap();
+    assert_eq!(
+        reader.read_from(id, 0).unwrap(),
+        [completed_turns(1), batch, next, theirs].concat()
+    );
+    assert_intact(&reader.verify().unwrap());
+}
+
 #[test]
 fn copy_from_a_file_to_a_database_and_back_is_byte_for_byte_and_idempotent() {
     let dir = tempfile::tempdir().unwrap();

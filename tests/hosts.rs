@@ -35,6 +35,15 @@ fn host(url: &str, router: &Arc<Router>) -> Host {
     Host::open(std::path::Path::new(url), router.clone()).expect("the host opens the database")
 }
 
+/// A host whose keeper does not renew its leases within a test (they last an hour): a test that
+/// expires them ([`expire_lease`], [`expire_leases`]) so acts as the host's pause past them, and
+/// no renewal of that host revives them before another host takes them over.
+fn paused_host(url: &str, router: &Arc<Router>) -> Host {
+    let store = Store::open_with(url, options(Duration::from_secs(3600)))
+        .expect("the host opens the database");
+    Host::new(store, router.clone()).expect("the host starts")
+}
+
 /// A new lead on `host`, with no tools of its own.
 async fn fresh_lead(host: &Host) -> Arc<lineage::agent::Agent> {
     host.agents
@@ -1126,7 +1135,7 @@ async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_
             Response::text("answer 3"),
         ],
     );
-    let a = host(&url, &router);
+    let a = paused_host(&url, &router);
     let lead = fresh_lead(&a).await;
     let child = a
         .subagents
@@ -1199,7 +1208,7 @@ async fn a_childs_notice_reaches_its_parent_by_mail_on_the_host_that_took_the_pa
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     let gate = Gate::new();
     router.script("g", [Response::text("g is done").gated(&gate)]);
-    let a = host(&url, &router);
+    let a = paused_host(&url, &router);
     let lead = fresh_lead(&a).await;
     let child = a
         .subagents
@@ -1519,7 +1528,9 @@ async fn mail_waits(proxy: Option<&lineage_testkit::proxy::Proxy>) -> MailWaits 
             Response::text("c's second turn"),
         ],
     );
-    let agents_a = lineage::agent::Agents::new(Store::open(&url).unwrap(), router.clone());
+    // A's leases last an hour: its keeper does not renew them within the test.
+    let store_a = Store::open_with(&url, options(Duration::from_secs(3600))).unwrap();
+    let agents_a = lineage::agent::Agents::new(store_a, router.clone());
     let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
     runtime_a
         .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
@@ -1696,4 +1707,44 @@ async fn a_follow_up_cancelled_while_claimed_waits_for_the_claimant_and_is_never
     assert!(!w.mail_of(id), "taken back");
     assert_eq!(spliced_count(&stored(&w.url, w.child), id), 0);
     drop((w.gate, w.router, w.runtime_a, w.lead_b));
+}
+
+/// A follow-up the child's host accepted behind a running turn, and made durable, then that
+/// host stopped: the sender's retry with the same id finds the child cold, with the message
+/// queued in its log, and resumes it to run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_follow_up_queued_by_a_host_that_stopped_resumes_the_child_to_run_it() {
+    let w = mail_waits(None).await;
+    let _serving = w.runtime_a.serve_mail().unwrap();
+    w.router.model("c").wait_for_requests(1).await;
+    let id = lineage::log::MessageId::new();
+    let sent = w.b.subagents.send_followup(&w.request("queued", id)).await;
+    assert_eq!(sent.unwrap(), id);
+    assert_eq!(
+        spliced_count(&stored(&w.url, w.child), id),
+        1,
+        "queued on A"
+    );
+    assert_eq!(
+        claimed_count(&stored(&w.url, w.child), id),
+        0,
+        "behind A's turn"
+    );
+    // A stops (its first turn never ends): its lease on the child runs out.
+    expire_lease(&w.url, w.child);
+    let retried = w.b.subagents.send_followup(&w.request("queued", id)).await;
+    assert_eq!(retried.unwrap(), id);
+    eventually("the retried follow-up runs on B", || {
+        claimed_count(&stored(&w.url, w.child), id) == 1
+    })
+    .await;
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&w.lead_b.events()).is_empty()
+    })
+    .await;
+    let log = stored(&w.url, w.child);
+    assert_eq!(user_texts(&log), ["first job", "queued"]);
+    assert_eq!(spliced_count(&log, id), 1);
+    assert_balanced(&log);
+    drop(w.gate);
 }

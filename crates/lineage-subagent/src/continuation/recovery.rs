@@ -128,21 +128,33 @@ impl Continuation {
         let activation = self
             .activate(parent, child, plan, &Cancellation::new(), installer)
             .await?;
-        let agent = activation.agent.clone();
-        {
-            let mut st = lock(&activation.st);
-            // The parent knows this child: it is told when the child settles.
-            st.announced = true;
-            for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
-                st.accepted
-                    .extend(agent.pending(target).iter().map(|m| m.id));
-            }
-        }
-        agent.run_pending();
+        run_restored_input(&activation);
         self.mailbox.deliver_waiting_followups(&activation).await;
         activation.poke();
         Ok(())
     }
+}
+
+/// Runs the input the just-resumed child of `activation` restored from its log (accepted, no
+/// turn claimed it): it counts as accepted work, so the child is not judged settled before
+/// claiming it, and the parent, which knows this child, is told when it settles.
+pub(super) fn run_restored_input(activation: &Arc<Activation>) {
+    let agent = activation.agent.clone();
+    {
+        let mut st = lock(&activation.st);
+        st.announced = true;
+        for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
+            st.accepted
+                .extend(agent.pending(target).iter().map(|m| m.id));
+        }
+    }
+    agent.run_pending();
+}
+
+/// Whether `events` (a stored log) hold the message `id` pending: accepted, not yet claimed
+/// by a turn or cancelled.
+pub(super) fn log_pending(events: &[Event], id: MessageId) -> bool {
+    Inbox::replay(own_suffix(events)).is_ok_and(|inbox| inbox.position(id).is_some())
 }
 
 /// The continuable children of `parent` whose stored logs end in a torn turn, on a shared store
@@ -170,7 +182,9 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
         };
         // Input accepted and never claimed: queued in its durable inbox, or follow-ups posted
         // for it that its host did not deliver.
-        let queued = Inbox::replay(own_suffix(&inspected.events)).is_ok_and(|i| i.has_pending());
+        // Only waking input counts: a turn runs for it. Injected (quiet) messages wait for one.
+        let queued = Inbox::replay(own_suffix(&inspected.events))
+            .is_ok_and(|i| !i.list(InboxTarget::NextTurn).is_empty());
         let has_input = queued
             || (store.is_shared()
                 && store

@@ -67,14 +67,20 @@ impl Continuation {
                     Ok(()) => continue,
                     // Another host resumed it meanwhile: it is that host's.
                     Err(_) if self.mailbox.held_elsewhere(torn.child).await => continue,
-                    Err(error) => self.diagnose(
-                        torn.child,
-                        DiagnosticKind::NoticeUndelivered,
-                        format!(
-                            "the child torn by a crash was not resumed to run its queued input \
-                             ({error}); its parent is told of the crash instead"
-                        ),
-                    ),
+                    // Closing it would strand its input (nothing finds a closed child's
+                    // queue again): it is left torn, for the next recovery to run it.
+                    Err(error) => {
+                        self.diagnose(
+                            torn.child,
+                            DiagnosticKind::NoticeUndelivered,
+                            format!(
+                                "the child torn by a crash was not resumed to run its queued \
+                                 input ({error}); it is left as the crash left it, for the next \
+                                 recovery of its parent"
+                            ),
+                        );
+                        continue;
+                    }
                 }
             }
             // Its holder may have come back (or another host resumed it) since it was found:

@@ -35,6 +35,15 @@ fn host(url: &str, router: &Arc<Router>) -> Host {
     Host::open(std::path::Path::new(url), router.clone()).expect("the host opens the database")
 }
 
+/// A host whose keeper does not renew its leases within a test (they last an hour): a test that
+/// expires them ([`expire_lease`], [`expire_leases`]) so acts as the host's pause past them, and
+/// no renewal of that host revives them before another host takes them over.
+fn paused_host(url: &str, router: &Arc<Router>) -> Host {
+    let store = Store::open_with(url, options(Duration::from_secs(3600)))
+        .expect("the host opens the database");
+    Host::new(store, router.clone()).expect("the host starts")
+}
+
 /// A new lead on `host`, with no tools of its own.
 async fn fresh_lead(host: &Host) -> Arc<lineage::agent::Agent> {
     host.agents
@@ -1126,7 +1135,7 @@ async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_
             Response::text("answer 3"),
         ],
     );
-    let a = host(&url, &router);
+    let a = paused_host(&url, &router);
     let lead = fresh_lead(&a).await;
     let child = a
         .subagents
@@ -1199,7 +1208,7 @@ async fn a_childs_notice_reaches_its_parent_by_mail_on_the_host_that_took_the_pa
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     let gate = Gate::new();
     router.script("g", [Response::text("g is done").gated(&gate)]);
-    let a = host(&url, &router);
+    let a = paused_host(&url, &router);
     let lead = fresh_lead(&a).await;
     let child = a
         .subagents
@@ -1476,4 +1485,266 @@ async fn a_follow_up_whose_wait_fails_is_refused_only_once_its_mail_is_taken_bac
     assert_eq!(spliced_count(&log, unknown), 1);
     assert_eq!(spliced_count(&log, refused), 0);
     assert_eq!(spliced_count(&log, unposted), 0);
+}
+
+/// `url` through a proxy listening on `port`.
+fn through(url: &str, port: u16) -> String {
+    let (authority, database) = url.rsplit_once('/').expect("a database URL");
+    let (host, _) = authority.rsplit_once(':').expect("a port");
+    format!("{host}:{port}/{database}")
+}
+
+/// Makes nobody the holder of `session`'s lease, as its holder's release would.
+fn release_lease(url: &str, session: SessionId) {
+    postgres().psql(
+        url,
+        &format!(
+            "UPDATE lineage_leases SET holder = NULL, expires_at = NULL WHERE session = '{session}'"
+        ),
+    );
+}
+
+/// A child whose host A serves no mail, and a lead on a host B opened through `proxy` (the lead
+/// left A for B): a follow-up from B to the child is posted and waits, unclaimed.
+struct MailWaits {
+    url: String,
+    router: Arc<Router>,
+    gate: Gate,
+    runtime_a: lineage::subagent::SubagentRuntime,
+    child: SessionId,
+    b: Host,
+    lead_b: Arc<lineage::agent::Agent>,
+}
+
+async fn mail_waits(proxy: Option<&lineage_testkit::proxy::Proxy>) -> MailWaits {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let gate = Gate::new();
+    router.script(
+        "c",
+        [
+            Response::text("c's first turn").gated(&gate),
+            Response::text("c's second turn"),
+        ],
+    );
+    // A's leases last an hour: its keeper does not renew them within the test.
+    let store_a = Store::open_with(&url, options(Duration::from_secs(3600))).unwrap();
+    let agents_a = lineage::agent::Agents::new(store_a, router.clone());
+    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
+    runtime_a
+        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
+        .unwrap();
+    let lead = agents_a
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let lead_id = lead.id();
+    let child = runtime_a
+        .start_continuable("spawn", continuable(&lead, "c", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+    agents_a.dispose(lead_id).await;
+    let b_url = proxy.map_or(url.clone(), |proxy| through(&url, proxy.port()));
+    let b = host(&b_url, &router);
+    let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
+    MailWaits {
+        url,
+        router,
+        gate,
+        runtime_a,
+        child,
+        b,
+        lead_b,
+    }
+}
+
+impl MailWaits {
+    fn request(
+        &self,
+        text: &str,
+        id: lineage::log::MessageId,
+    ) -> lineage::subagent::FollowupRequest {
+        lineage::subagent::FollowupRequest {
+            message_id: Some(id),
+            ..lineage::subagent::FollowupRequest::new(self.lead_b.clone(), self.child, text)
+        }
+    }
+
+    fn mail_of(&self, id: lineage::log::MessageId) -> bool {
+        Store::open_read_only(&self.url)
+            .unwrap()
+            .mail_for(&[self.child])
+            .unwrap()
+            .iter()
+            .any(|m| m.id == id.as_uuid())
+    }
+}
+
+/// A sender that takes its mail back when nobody holds the child, and loses the answer, does
+/// not report the follow-up accepted: the mail is gone and the child's log lacks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_whose_mail_was_taken_back_with_the_answer_lost_is_refused_not_accepted() {
+    use lineage_testkit::proxy::{Cut, Proxy};
+    let proxy = Proxy::start(postgres().port());
+    let w = mail_waits(Some(&proxy)).await;
+    let id = lineage::log::MessageId::new();
+    let sending = w.request("taken back", id);
+    let sender = w.b.subagents.clone();
+    let sent = tokio::spawn(async move { sender.send_followup(&sending).await });
+    eventually("the follow-up's mail is posted", || w.mail_of(id)).await;
+    // B's next statement naming the mail is its taking the mail back: its answer is lost.
+    proxy.cut_next(Cut::AnswerTo(id.as_uuid().as_bytes().to_vec()));
+    release_lease(&w.url, w.child);
+    let error = sent
+        .await
+        .unwrap()
+        .expect_err("a follow-up nobody delivered is not accepted");
+    assert_eq!(proxy.cuts(), 1, "{error}");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::NotResumable,
+        "{error}"
+    );
+    assert!(!w.mail_of(id));
+    assert_eq!(spliced_count(&stored(&w.url, w.child), id), 0);
+    drop((w.gate, w.router, w.runtime_a));
+}
+
+/// Counts in `post_attempts` every post of mail, even one that posts nothing (its id waits
+/// already), so a test sees when a sender has posted.
+fn count_post_attempts(url: &str) {
+    postgres().psql(
+        url,
+        "CREATE TABLE post_attempts (id uuid); \
+         CREATE FUNCTION count_post() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN INSERT INTO post_attempts VALUES (NEW.id); RETURN NEW; END $$; \
+         CREATE TRIGGER count_post BEFORE INSERT ON lineage_mailbox \
+         FOR EACH ROW EXECUTE FUNCTION count_post()",
+    );
+}
+
+fn post_attempts(url: &str) -> usize {
+    postgres()
+        .psql(url, "SELECT count(*) FROM post_attempts")
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// Two senders of one message id: the second's post finds the first's mail and posts nothing;
+/// the first is cancelled and takes the mail back. The second is not told its follow-up was
+/// delivered until the child's log holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sender_of_one_id_is_accepted_only_once_the_child_has_it() {
+    let w = mail_waits(None).await;
+    count_post_attempts(&w.url);
+    let id = lineage::log::MessageId::new();
+    let first = w.request("one message", id);
+    let cancel_first = first.cancel.clone();
+    let sender = w.b.subagents.clone();
+    let first = tokio::spawn(async move { sender.send_followup(&first).await });
+    eventually("the first sender's mail is posted", || w.mail_of(id)).await;
+    let second = w.request("one message", id);
+    let sender = w.b.subagents.clone();
+    let second = tokio::spawn(async move { sender.send_followup(&second).await });
+    eventually("the second sender has posted", || {
+        post_attempts(&w.url) == 2
+    })
+    .await;
+    cancel_first.cancel(lineage::log::AbortCause::User);
+    let error = first.await.unwrap().expect_err("the first is cancelled");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::Cancelled,
+        "{error}"
+    );
+    let _serving = w.runtime_a.serve_mail().unwrap();
+    assert_eq!(second.await.unwrap().unwrap(), id);
+    assert_eq!(spliced_count(&stored(&w.url, w.child), id), 1);
+    w.gate.open();
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&w.lead_b.events()).is_empty()
+    })
+    .await;
+    let log = stored(&w.url, w.child);
+    assert_eq!(user_texts(&log), ["first job", "one message"]);
+    assert_balanced(&log);
+}
+
+/// A follow-up cancelled while the child's host has claimed its mail is not reported accepted:
+/// the sender waits on, and when that host lets the child go without delivering it, takes the
+/// mail back and reports the follow-up cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_cancelled_while_claimed_waits_for_the_claimant_and_is_never_stranded() {
+    let w = mail_waits(None).await;
+    let id = lineage::log::MessageId::new();
+    let sending = w.request("claimed", id);
+    let cancel = sending.cancel.clone();
+    let sender = w.b.subagents.clone();
+    let sent = tokio::spawn(async move { sender.send_followup(&sending).await });
+    eventually("the follow-up's mail is posted", || w.mail_of(id)).await;
+    // A claims the mail, as its mail server does before delivering it, and stops there.
+    postgres().psql(
+        &w.url,
+        "UPDATE lineage_mailbox m SET claimed_by = l.holder FROM lineage_leases l \
+         WHERE l.session = m.recipient",
+    );
+    cancel.cancel(lineage::log::AbortCause::User);
+    // A lets the child go without delivering the mail: its claim lapses.
+    release_lease(&w.url, w.child);
+    let error = sent
+        .await
+        .unwrap()
+        .expect_err("a follow-up nobody delivered is not accepted");
+    assert_eq!(
+        error.code(),
+        lineage::subagent::ErrorCode::Cancelled,
+        "{error}"
+    );
+    assert!(!w.mail_of(id), "taken back");
+    assert_eq!(spliced_count(&stored(&w.url, w.child), id), 0);
+    drop((w.gate, w.router, w.runtime_a, w.lead_b));
+}
+
+/// A follow-up the child's host accepted behind a running turn, and made durable, then that
+/// host stopped: the sender's retry with the same id finds the child cold, with the message
+/// queued in its log, and resumes it to run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_follow_up_queued_by_a_host_that_stopped_resumes_the_child_to_run_it() {
+    let w = mail_waits(None).await;
+    let _serving = w.runtime_a.serve_mail().unwrap();
+    w.router.model("c").wait_for_requests(1).await;
+    let id = lineage::log::MessageId::new();
+    let sent = w.b.subagents.send_followup(&w.request("queued", id)).await;
+    assert_eq!(sent.unwrap(), id);
+    assert_eq!(
+        spliced_count(&stored(&w.url, w.child), id),
+        1,
+        "queued on A"
+    );
+    assert_eq!(
+        claimed_count(&stored(&w.url, w.child), id),
+        0,
+        "behind A's turn"
+    );
+    // A stops (its first turn never ends): its lease on the child runs out.
+    expire_lease(&w.url, w.child);
+    let retried = w.b.subagents.send_followup(&w.request("queued", id)).await;
+    assert_eq!(retried.unwrap(), id);
+    eventually("the retried follow-up runs on B", || {
+        claimed_count(&stored(&w.url, w.child), id) == 1
+    })
+    .await;
+    eventually("the lead on B hears of the child", || {
+        !settled_notices(&w.lead_b.events()).is_empty()
+    })
+    .await;
+    let log = stored(&w.url, w.child);
+    assert_eq!(user_texts(&log), ["first job", "queued"]);
+    assert_eq!(spliced_count(&log, id), 1);
+    assert_balanced(&log);
+    drop(w.gate);
 }

@@ -9,7 +9,7 @@ use lineage_store::Loaded;
 
 use super::activation::ActivationPlan;
 use super::admission::is_live_agent;
-use super::recovery::{holds_message, log_holds};
+use super::recovery::{holds_message, log_holds, log_pending, run_restored_input};
 use super::teardown::wait;
 use super::*;
 use crate::birth;
@@ -316,16 +316,23 @@ impl Continuation {
         }
         let loaded = inspected.map_err(|reason| unavailable(child, reason))?;
         self.authorize_stored(to, loaded.header.parent)?;
-        // A retry of a message the child has already: accepted, and not resumed for it.
-        if log_holds(&loaded.events, message.id) {
+        // A retry of a message the child claimed or cancelled already: accepted, and not
+        // resumed for it. One still pending (its host stopped before running it) is run.
+        let pending = log_pending(&loaded.events, message.id);
+        if !pending && log_holds(&loaded.events, message.id) {
             return Ok(message.id);
         }
         let plan = resume_plan(child, &loaded)?;
         let activation = self
             .activate(parent, child, plan, cancel, installer)
             .await?;
-        self.submit_to_new_activation(&activation, message, parent, cancel)
-            .await
+        let id = self
+            .submit_to_new_activation(&activation, message, parent, cancel)
+            .await?;
+        if pending {
+            run_restored_input(&activation);
+        }
+        Ok(id)
     }
 
     // ----- interrupt and report ----------------------------------------------------------------------

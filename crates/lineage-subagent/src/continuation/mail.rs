@@ -12,16 +12,17 @@
 //! the recipient's log already holds (its holder stopped between the flush and the taking) is
 //! taken out without being delivered again, so each message reaches its recipient once.
 //!
-//! A follow-up's sender waits until its mail is taken (the child has the message), or until no
-//! host holds the child any more: it then takes its mail back and resumes the child itself, as a
-//! local follow-up to a settled child does. A sender whose follow-up is cancelled takes its mail
-//! back only if no host has claimed it; a claimed piece is delivered, and the follow-up counts as
-//! accepted.
+//! A follow-up's sender waits until its mail is gone and the child's stored log holds the
+//! message, or until no host holds the child any more: it then takes its mail back and resumes
+//! the child itself, as a local follow-up to a settled child does (mail gone that the log lacks,
+//! taken by another sender of the same id, sends it on the same way). A sender whose follow-up
+//! is cancelled takes its mail back unless a host has claimed it; it then waits on for the
+//! claimant to deliver it (accepted) or to let the child go (taken back, cancelled).
 
 use std::time::Duration;
 
 use lineage_agent::{AgentStatus, Cancellation, DiagnosticKind, Queued};
-use lineage_log::{AbortCause, Message, MessageId};
+use lineage_log::{AbortCause, EventBody, Message, MessageId};
 use lineage_store::{Mail, SessionInfo, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -105,6 +106,43 @@ fn discard(recipient: &Agent, piece: &Mail, reason: &str) -> Result<(), lineage_
         .map(drop)
 }
 
+/// What became of a follow-up's mail, as the mailbox and its child's stored log tell.
+enum Fate {
+    /// The child's stored log holds the message.
+    Delivered,
+    /// A host took the mail out with a discard event in the child's log, for this reason.
+    Discarded(String),
+    /// A host has claimed the mail and not yet taken it out.
+    Claimed,
+    /// Neither in the mailbox nor in the child's log.
+    Absent,
+}
+
+/// The fate of follow-up `id`'s mail, gone from the mailbox, by `child`'s stored log.
+fn stored_fate(store: &Store, child: SessionId, id: MessageId) -> lineage_store::Result<Fate> {
+    let events = store.inspect(child)?.events;
+    if log_holds(&events, id) {
+        return Ok(Fate::Delivered);
+    }
+    let mail = id.as_uuid().to_string();
+    let reason = events.iter().find_map(|event| match &event.body {
+        EventBody::Custom(custom) if *custom.type_name == *MAIL_DISCARDED_EVENT => {
+            let payload: serde_json::Value = serde_json::from_str(&custom.payload).ok()?;
+            (payload["mail"] == mail.as_str()).then(|| payload["reason"].to_string())
+        }
+        _ => None,
+    });
+    Ok(reason.map_or(Fate::Absent, Fate::Discarded))
+}
+
+/// The refusal of follow-up `id` to `child`, whose mail a host discarded for `reason`.
+fn discarded(child: SessionId, id: MessageId, reason: &str) -> SubagentError {
+    SubagentError::new(
+        ErrorCode::NotResumable,
+        format!("the follow-up {id} to subagent {child} was not delivered: {reason}"),
+    )
+}
+
 /// When to look at the mailbox again.
 struct MailWatch {
     changes: tokio::sync::watch::Receiver<()>,
@@ -179,14 +217,20 @@ impl Mailbox {
         }
     }
 
-    /// Whether another host keeps `session` (holds its live lease) on a shared store.
+    /// Whether another host keeps `session` (holds its live lease) on a shared store; a lease
+    /// that cannot be read counts as nobody's.
     pub(super) async fn held_elsewhere(&self, session: SessionId) -> bool {
+        self.holder_elsewhere(session).await.unwrap_or(false)
+    }
+
+    /// [`Self::held_elsewhere`], telling a lease that cannot be read apart.
+    async fn holder_elsewhere(&self, session: SessionId) -> Result<bool, String> {
         if !self.store().is_shared() {
-            return false;
+            return Ok(false);
         }
         self.on_store(move |store| store.held_elsewhere(session))
             .await
-            .is_ok_and(|lease| lease.is_some())
+            .map(|lease| lease.is_some())
     }
 
     /// Whether this host still holds the session of the live agent `agent` here: always on a
@@ -233,12 +277,14 @@ impl Mailbox {
 
     /// Posts the follow-up `message` from `sender` to `child`, whom another host keeps (the
     /// caller checked the follow-up), and waits for its fate (see the module docs): `Some` once
-    /// a host took it into the child's inbox, `None` once nobody holds the child and the mail
-    /// is taken back, for the sender to deliver it itself.
+    /// the child's stored log holds it, `None` once its mail is gone without reaching the child
+    /// (nobody holds the child any more and the mail is taken back, or another sender of the
+    /// same id took it back), for the sender to find the child again and deliver it itself.
     ///
     /// Refused means not delivered: once the mail may be in the mailbox, a refusal is reported
-    /// only after the mail is taken back ([`Self::refuse_posted`]); when that cannot be done the
-    /// answer is `OUTCOME_UNKNOWN`.
+    /// only after the mail is taken back ([`Self::resolve_fate`]); when that cannot be done the
+    /// answer is `OUTCOME_UNKNOWN`. Mail gone counts as delivered only once the child's stored
+    /// log holds the message: a host takes mail out only after flushing what it delivered.
     pub(super) async fn followup(
         &self,
         sender: SessionId,
@@ -252,75 +298,111 @@ impl Mailbox {
         let post = Post::Followup {
             message: message.clone(),
         };
+        // Mail with this id already waiting (another sender's of the same message) is waited
+        // for as this sender's own.
         if let Err(reason) = self.post(sender, child, id, &post).await {
             // The post may have been stored even so, its answer lost on the way back.
-            return self.refuse_posted(child, id, reason, true).await;
+            return self.resolve_fate(child, id, reason).await;
         }
         let mail = id.as_uuid();
+        // The caller cancelled while a host had claimed the mail: that host delivers it, and
+        // the wait goes on (without the cancellation) until it has, or is gone.
+        let mut claimed_when_cancelled = false;
         loop {
-            let cancelled = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => true,
-                () = watch.next_look() => false,
+            let cancelled = if claimed_when_cancelled {
+                watch.next_look().await;
+                false
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => true,
+                    () = watch.next_look() => false,
+                }
             };
             let waiting = match self.on_store(move |store| store.mail_for(&[child])).await {
                 Ok(waiting) => waiting.iter().any(|m| m.id == mail),
-                Err(reason) => return self.refuse_posted(child, id, reason, false).await,
+                Err(reason) => return self.resolve_fate(child, id, reason).await,
             };
             if !waiting {
-                // A host took it into the child's inbox.
-                return Ok(Some(id));
+                let fate = self
+                    .on_store(move |store| stored_fate(store, child, id))
+                    .await;
+                return match fate {
+                    Ok(Fate::Delivered) => Ok(Some(id)),
+                    Ok(Fate::Discarded(reason)) => Err(discarded(child, id, &reason)),
+                    Ok(_) if claimed_when_cancelled => Err(followup_cancelled(child, cancel)),
+                    Ok(_) => Ok(None),
+                    Err(failure) => Err(outcome_unknown(
+                        child,
+                        id,
+                        unavailable(child, "its mail is gone"),
+                        failure,
+                    )),
+                };
             }
             if cancelled {
                 // Taken back unless a host has claimed it, which then delivers it.
-                let cancelled = followup_cancelled(child, cancel);
-                return match self.on_store(move |store| store.withdraw_mail(mail)).await {
-                    Ok(true) => Err(cancelled),
-                    Ok(false) => Ok(Some(id)),
-                    Err(failure) => Err(outcome_unknown(child, id, cancelled, failure)),
-                };
-            }
-            if self.held_elsewhere(child).await {
+                match self.on_store(move |store| store.withdraw_mail(mail)).await {
+                    Ok(true) => return Err(followup_cancelled(child, cancel)),
+                    Ok(false) => claimed_when_cancelled = true,
+                    Err(failure) => {
+                        let cancelled = followup_cancelled(child, cancel);
+                        return Err(outcome_unknown(child, id, cancelled, failure));
+                    }
+                }
                 continue;
+            }
+            // A lease that cannot be read is looked at again: its holder may be live.
+            match self.holder_elsewhere(child).await {
+                Ok(true) | Err(_) => continue,
+                Ok(false) => {}
             }
             // Nobody holds the child any more: whoever takes the mail out delivers it (a holder
             // that stopped after delivering it left it in the child's log, where it is found).
-            return match self.on_store(move |store| store.take_mail(&[mail])).await {
-                Ok(took) => Ok(if took.is_empty() { Some(id) } else { None }),
-                Err(reason) => self.refuse_posted(child, id, reason, false).await,
-            };
+            match self.on_store(move |store| store.take_mail(&[mail])).await {
+                Ok(took) if took.is_empty() => continue,
+                Ok(_) if claimed_when_cancelled => return Err(followup_cancelled(child, cancel)),
+                Ok(_) => return Ok(None),
+                Err(reason) => return self.resolve_fate(child, id, reason).await,
+            }
         }
     }
 
     /// The answer to a follow-up `id` to `child` whose mail may be in the mailbox when the
     /// store failed with `reason`: the mail is taken back first, and the follow-up is refused
-    /// only if that worked. Mail a host has claimed, or already delivered, is not refused: it
-    /// reaches the child (whoever holds or next resumes it delivers it). With `maybe_unposted`
-    /// (the post itself failed) mail that is not there may never have been posted: it counts
-    /// as delivered only if the child's stored log holds the message.
-    async fn refuse_posted(
+    /// only if that worked, or if the mail is gone and the child's stored log lacks the
+    /// message (the post never landed, or this sender took it out). Mail a host has claimed,
+    /// or that the child's log holds, is not refused: the one is reported of unknown outcome
+    /// (its claimant may stop before delivering it), the other accepted.
+    async fn resolve_fate(
         &self,
         child: SessionId,
         id: MessageId,
         reason: String,
-        maybe_unposted: bool,
     ) -> Result<Option<MessageId>, SubagentError> {
         let refused = unavailable(child, &reason);
         let mail = id.as_uuid();
         let fate = self
             .on_store(move |store| {
                 if store.withdraw_mail(mail)? {
-                    return Ok(false);
+                    return Ok(Fate::Absent);
                 }
-                if !maybe_unposted || store.mail_for(&[child])?.iter().any(|m| m.id == mail) {
-                    return Ok(true);
+                if store.mail_for(&[child])?.iter().any(|m| m.id == mail) {
+                    return Ok(Fate::Claimed);
                 }
-                Ok(log_holds(&store.inspect(child)?.events, id))
+                stored_fate(store, child, id)
             })
             .await;
         match fate {
-            Ok(true) => Ok(Some(id)),
-            Ok(false) => Err(refused),
+            Ok(Fate::Delivered) => Ok(Some(id)),
+            Ok(Fate::Absent) => Err(refused),
+            Ok(Fate::Discarded(reason)) => Err(discarded(child, id, &reason)),
+            Ok(Fate::Claimed) => Err(outcome_unknown(
+                child,
+                id,
+                refused,
+                "a host has claimed it".into(),
+            )),
             Err(failure) => Err(outcome_unknown(child, id, refused, failure)),
         }
     }

@@ -67,14 +67,20 @@ impl Continuation {
                     Ok(()) => continue,
                     // Another host resumed it meanwhile: it is that host's.
                     Err(_) if self.mailbox.held_elsewhere(torn.child).await => continue,
-                    Err(error) => self.diagnose(
-                        torn.child,
-                        DiagnosticKind::NoticeUndelivered,
-                        format!(
-                            "the child torn by a crash was not resumed to run its queued input \
-                             ({error}); its parent is told of the crash instead"
-                        ),
-                    ),
+                    // Closing it would strand its input (nothing finds a closed child's
+                    // queue again): it is left torn, for the next recovery to run it.
+                    Err(error) => {
+                        self.diagnose(
+                            torn.child,
+                            DiagnosticKind::NoticeUndelivered,
+                            format!(
+                                "the child torn by a crash was not resumed to run its queued \
+                                 input ({error}); it is left as the crash left it, for the next \
+                                 recovery of its parent"
+                            ),
+                        );
+                        continue;
+                    }
                 }
             }
             // Its holder may have come back (or another host resumed it) since it was found:
@@ -128,21 +134,33 @@ impl Continuation {
         let activation = self
             .activate(parent, child, plan, &Cancellation::new(), installer)
             .await?;
-        let agent = activation.agent.clone();
-        {
-            let mut st = lock(&activation.st);
-            // The parent knows this child: it is told when the child settles.
-            st.announced = true;
-            for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
-                st.accepted
-                    .extend(agent.pending(target).iter().map(|m| m.id));
-            }
-        }
-        agent.run_pending();
+        run_restored_input(&activation);
         self.mailbox.deliver_waiting_followups(&activation).await;
         activation.poke();
         Ok(())
     }
+}
+
+/// Runs the input the just-resumed child of `activation` restored from its log (accepted, no
+/// turn claimed it): it counts as accepted work, so the child is not judged settled before
+/// claiming it, and the parent, which knows this child, is told when it settles.
+pub(super) fn run_restored_input(activation: &Arc<Activation>) {
+    let agent = activation.agent.clone();
+    {
+        let mut st = lock(&activation.st);
+        st.announced = true;
+        for target in [InboxTarget::NextTurn, InboxTarget::NextStep] {
+            st.accepted
+                .extend(agent.pending(target).iter().map(|m| m.id));
+        }
+    }
+    agent.run_pending();
+}
+
+/// Whether `events` (a stored log) hold the message `id` pending: accepted, not yet claimed
+/// by a turn or cancelled.
+pub(super) fn log_pending(events: &[Event], id: MessageId) -> bool {
+    Inbox::replay(own_suffix(events)).is_ok_and(|inbox| inbox.position(id).is_some())
 }
 
 /// The continuable children of `parent` whose stored logs end in a torn turn, on a shared store
@@ -170,7 +188,9 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
         };
         // Input accepted and never claimed: queued in its durable inbox, or follow-ups posted
         // for it that its host did not deliver.
-        let queued = Inbox::replay(own_suffix(&inspected.events)).is_ok_and(|i| i.has_pending());
+        // Only waking input counts: a turn runs for it. Injected (quiet) messages wait for one.
+        let queued = Inbox::replay(own_suffix(&inspected.events))
+            .is_ok_and(|i| !i.list(InboxTarget::NextTurn).is_empty());
         let has_input = queued
             || (store.is_shared()
                 && store

@@ -42,6 +42,9 @@ pub const MAIL_POLL: Duration = Duration::from_millis(50);
 /// late at most.
 const MAIL_POLL_PUSHED: Duration = Duration::from_millis(250);
 
+/// How long a teardown waits to read whether this host still holds a parent's lease.
+const LEASE_READ_BOUND: Duration = Duration::from_secs(1);
+
 /// What a piece of mail asks of its recipient. Its body is this as JSON, `kind` naming the
 /// variant (`{"kind": "report", "message": …, "quiet": false}`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -249,6 +252,47 @@ impl Mailbox {
             }),
             Err(_) => true,
         }
+    }
+
+    /// The parent object here for the session `parent`, as a child's notice or report is
+    /// handed to it: in the registry and not fenced. Whatever it is handed is confirmed
+    /// ([`Self::confirm_handed`]): a parent whose session another host took over without this
+    /// host knowing yet is found out by its refused flush, and the message goes by mail.
+    pub(super) fn parent_here(&self, parent: SessionId) -> Option<Arc<Agent>> {
+        self.agents.get(parent).filter(|agent| !agent.is_fenced())
+    }
+
+    /// [`Self::holds_here`] within [`LEASE_READ_BOUND`]: a read that takes longer counts as
+    /// ours (a teardown does not wait on the database; [`Self::confirm_handed`] covers it).
+    pub(super) async fn holds_here_within_bound(&self, agent: &Arc<Agent>) -> bool {
+        tokio::time::timeout(LEASE_READ_BOUND, self.holds_here(agent))
+            .await
+            .unwrap_or(true)
+    }
+
+    /// Confirms, off the caller's path, that `parent` (live here) keeps the `message` from
+    /// `child` it was just handed (a notice, or a `report`): its log is flushed, and a flush
+    /// refused because another host holds the parent's session sends the message by mail
+    /// under its own id, for that host (its log lacks it: the refused write stored nothing).
+    pub(super) fn confirm_handed(
+        &self,
+        child: SessionId,
+        parent: Arc<Agent>,
+        message: Message,
+        report: Option<ReportDelivery>,
+    ) {
+        if !self.store().is_shared() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mailbox = self.clone();
+        runtime.spawn(async move {
+            if parent.flush().await.is_err() && parent.is_fenced() {
+                mailbox.post_to_absent_parent(child, parent.id(), message, report);
+            }
+        });
     }
 
     /// What the store says of `session` (its header names its durable parent).

@@ -620,12 +620,16 @@ impl Mailbox {
     /// fails on the way leaves it in the mailbox, for the next look.
     async fn serve_piece(&self, recipient: &Arc<Agent>, piece: &Mail, via: Via<'_>) {
         // An agent whose lease another host took over is not the recipient any more (even before
-        // this host lets it go): the mail is the new holder's.
-        if !self.holds_here(recipient).await {
+        // this host lets it go): the mail is the new holder's. The claim succeeds only while the
+        // agent's tenure of the lease is live, as the database has it.
+        let Some(fence) = recipient.lease_fence() else {
             return;
-        }
+        };
         let id = piece.id;
-        match self.on_store(move |store| store.claim_mail(id)).await {
+        match self
+            .on_store(move |store| store.claim_mail(id, fence))
+            .await
+        {
             Ok(true) => {}
             Ok(false) => return,
             Err(error) => {

@@ -588,7 +588,8 @@ impl Mailbox {
             else {
                 continue;
             };
-            self.serve_piece(&recipient, &piece, Via::Server(manager))
+            let post = Post::decode(&piece.body);
+            self.serve_piece(&recipient, &piece, Via::Server(manager, post))
                 .await;
         }
     }
@@ -607,9 +608,9 @@ impl Mailbox {
             }
         };
         for piece in mail {
-            if is_followup(&piece.body) {
-                self.serve_piece(&activation.agent, &piece, Via::Locked(activation))
-                    .await;
+            if let Ok(Post::Followup { message }) = Post::decode(&piece.body) {
+                let via = Via::Locked(activation, message);
+                self.serve_piece(&activation.agent, &piece, via).await;
             }
         }
     }
@@ -637,18 +638,13 @@ impl Mailbox {
                 return;
             }
         }
-        let delivered = match Post::decode(&piece.body) {
-            Ok(post) => match via {
-                Via::Server(manager) => deliver(manager, recipient, post).await,
-                Via::Locked(activation) => match post {
-                    Post::Followup { message } => accept_followup(activation, message),
-                    _ => Ok(false),
-                },
-            },
-            Err(reason) => Err(SubagentError::new(
+        let delivered = match via {
+            Via::Server(manager, Ok(post)) => deliver(manager, recipient, post).await,
+            Via::Server(_, Err(reason)) => Err(SubagentError::new(
                 ErrorCode::InvalidRequest,
                 format!("the mail is unreadable: {reason}"),
             )),
+            Via::Locked(activation, message) => accept_followup(activation, message),
         };
         match delivered {
             Ok(true) => {}
@@ -674,11 +670,11 @@ impl Mailbox {
 }
 
 /// How a piece of mail is delivered: by the mail server, through the manager (which takes the
-/// recipient's lock), or to an activation whose lock the caller holds (follow-ups only).
-#[derive(Clone, Copy)]
+/// recipient's lock), as its body decoded; or as a follow-up's message, to an activation whose
+/// lock the caller holds.
 enum Via<'a> {
-    Server(&'a Continuation),
-    Locked(&'a Arc<Activation>),
+    Server(&'a Continuation, Result<Post, String>),
+    Locked(&'a Arc<Activation>, Message),
 }
 
 /// The acceptance of the follow-up `message` by the resident child of `activation`, under its

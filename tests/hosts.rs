@@ -1196,7 +1196,11 @@ async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_
     assert_eq!(tenures.len(), 2, "{tenures:?}");
     assert_eq!(tenures[1].0, b.store.holder().to_string());
     assert!(tenures[0].1 < tenures[1].1);
-    assert_eq!(settled_notices(&lead_b.events()).len(), 1, "one notice");
+    assert_eq!(
+        settled_notices(&lead_b.events()).len(),
+        2,
+        "the crash's notice, then the settled child's"
+    );
     assert_verifies(&b.store);
     drop(a);
 }

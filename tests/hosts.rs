@@ -1196,7 +1196,11 @@ async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_
     assert_eq!(tenures.len(), 2, "{tenures:?}");
     assert_eq!(tenures[1].0, b.store.holder().to_string());
     assert!(tenures[0].1 < tenures[1].1);
-    assert_eq!(settled_notices(&lead_b.events()).len(), 1, "one notice");
+    assert_eq!(
+        settled_notices(&lead_b.events()).len(),
+        2,
+        "the crash's notice, then the settled child's"
+    );
     assert_verifies(&b.store);
     drop(a);
 }
@@ -1747,4 +1751,50 @@ async fn a_retry_of_a_follow_up_queued_by_a_host_that_stopped_resumes_the_child_
     assert_eq!(spliced_count(&log, id), 1);
     assert_balanced(&log);
     drop(w.gate);
+}
+
+/// A child's report to its parent's object on the child's host, after another host took the
+/// parent's session over (the object does not know yet: it was idle), reaches the parent on
+/// that other host, by mail, once its refused flush shows the object is not the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_handed_to_a_parent_taken_over_unknown_to_its_host_reaches_the_new_holder() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let gate = Gate::new();
+    router.script("g", [Response::text("g is done").gated(&gate)]);
+    let a = paused_host(&url, &router);
+    let lead = fresh_lead(&a).await;
+    let child = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, "g", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+    expire_lease(&url, lead.id());
+    let b = host(&url, &router);
+    let lead_b = b.resume(lead.id(), parent_spec(vec![])).await.unwrap();
+    assert!(!lead.is_fenced(), "the stale lead on A does not know yet");
+
+    let child_agent = a.agents.get(child).expect("the child is live on A");
+    let id = a
+        .subagents
+        .report(
+            &child_agent,
+            vec![ContentBlock::text("half way")],
+            lineage::subagent::ReportDelivery::Quiet,
+            &Cancellation::new(),
+        )
+        .expect("the report is handed to the lead on A");
+    eventually("the report reaches the lead on B", || {
+        spliced_count(&lead_b.events(), id) == 1
+    })
+    .await;
+    eventually("the report is durable in the lead's log", || {
+        spliced_count(&stored(&url, lead.id()), id) == 1
+    })
+    .await;
+    gate.open();
+    assert_verifies(&b.store);
 }

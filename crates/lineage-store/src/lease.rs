@@ -369,12 +369,13 @@ impl Store {
         self.coordinate(|c| c.mail_for(recipients))
     }
 
-    /// Claims mail for delivery by this store's host (see [`Mail`]): says whether this host
-    /// may deliver it, which it then takes out ([`Store::take_mail`]). A claim lapses when its
-    /// claimant no longer holds the recipient's lease.
-    pub fn claim_mail(&self, id: uuid::Uuid) -> crate::Result<bool> {
+    /// Claims mail for delivery by this store's host (see [`Mail`]), in its tenure of the
+    /// recipient's lease with the fencing token `fence`: says whether this host may deliver it
+    /// (it holds that lease, live, as the database has it), which it then takes out
+    /// ([`Store::take_mail`]). A claim lapses when its claimant no longer holds the lease.
+    pub fn claim_mail(&self, id: uuid::Uuid, fence: u64) -> crate::Result<bool> {
         self.writable()?;
-        self.coordinate(|c| c.claim_mail(id))
+        self.coordinate(|c| c.claim_mail(id, fence))
     }
 
     /// Takes mail back unless a host has claimed it for delivery; says whether it was taken.

@@ -339,9 +339,14 @@ fn mail_is_posted_once_read_in_posting_order_and_taken_by_exactly_one_host() {
 
     // Mail a host claimed for delivery cannot be withdrawn; unclaimed mail can.
     let _kept = a.own(other).unwrap();
-    assert!(a.claim_mail(elsewhere.id).unwrap());
+    let fence = a.lease(other).unwrap().expect("a's lease").fence;
     assert!(
-        !b.claim_mail(elsewhere.id).unwrap(),
+        !a.claim_mail(elsewhere.id, fence + 1).unwrap(),
+        "not in another tenure"
+    );
+    assert!(a.claim_mail(elsewhere.id, fence).unwrap());
+    assert!(
+        !b.claim_mail(elsewhere.id, fence).unwrap(),
         "the claimant holds the recipient"
     );
     assert!(!b.withdraw_mail(elsewhere.id).unwrap());

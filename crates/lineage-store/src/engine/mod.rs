@@ -284,9 +284,10 @@ pub(crate) trait Coordination: Send + Sync {
     /// first is not among them).
     fn take_mail(&self, ids: &[uuid::Uuid]) -> std::result::Result<Vec<uuid::Uuid>, EngineError>;
 
-    /// Claims mail for this holder, about to deliver it: says whether it may (the mail is
-    /// unclaimed, or its claimant no longer holds the recipient's lease).
-    fn claim_mail(&self, id: uuid::Uuid) -> std::result::Result<bool, EngineError>;
+    /// Claims mail for this holder, about to deliver it in its tenure of the recipient's lease
+    /// with the fencing token `fence`: says whether it may (that lease is live and this
+    /// holder's; an earlier claimant no longer holds it).
+    fn claim_mail(&self, id: uuid::Uuid, fence: u64) -> std::result::Result<bool, EngineError>;
 
     /// Removes mail unless a host has claimed it; says whether it was removed.
     fn withdraw_mail(&self, id: uuid::Uuid) -> std::result::Result<bool, EngineError>;

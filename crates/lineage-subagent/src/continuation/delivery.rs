@@ -434,7 +434,7 @@ impl Continuation {
         };
         let parent_id = child.header().parent.ok_or_else(parent_unavailable)?;
         // A fenced parent object is not the parent any more: its session's holder gets the report.
-        let parent = self.agents.get(parent_id).filter(|p| !p.is_fenced());
+        let parent = self.mailbox.parent_here(parent_id);
         let mut blocks = vec![ContentBlock::text(format!(
             "Background subagent {} reports:",
             child.id()
@@ -460,6 +460,7 @@ impl Continuation {
                 Err(parent_unavailable())
             };
         };
+        let handed = message.clone();
         let sent = match delivery {
             ReportDelivery::NextStep => {
                 let recipient = parent.clone();
@@ -470,6 +471,8 @@ impl Continuation {
                 .map_err(|e| SubagentError::agent(parent.id(), e)),
         };
         sent.map_err(|e| parent_unavailable().with_source(e))?;
+        self.mailbox
+            .confirm_handed(child.id(), parent, handed, Some(delivery));
         Ok(id)
     }
 }

@@ -183,7 +183,8 @@ impl SubagentRuntime {
     /// wrote), queued for the parent's next turn without waking it, then the child's turn closed
     /// as crash repair would. A torn child that holds accepted input no turn claimed (queued
     /// follow-ups, or follow-ups waiting for it as mail) is resumed here instead, to run that
-    /// input; it tells the parent when it settles. Children live in this process, or kept by
+    /// input: the parent gets the crash notice all the same, and, when the child settles, its
+    /// settlement notice, which wakes the parent as any child's does. Children live in this process, or kept by
     /// another host of a shared store (a live holder of their lease), are not looked at: a
     /// child is torn only when its holder is gone. Returns the
     /// children told by this call; a repeated call (or one after another restart) tells none of

@@ -42,6 +42,9 @@ pub const MAIL_POLL: Duration = Duration::from_millis(50);
 /// late at most.
 const MAIL_POLL_PUSHED: Duration = Duration::from_millis(250);
 
+/// How long a teardown waits to read whether this host still holds a parent's lease.
+const LEASE_READ_BOUND: Duration = Duration::from_secs(1);
+
 /// What a piece of mail asks of its recipient. Its body is this as JSON, `kind` naming the
 /// variant (`{"kind": "report", "message": …, "quiet": false}`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -249,6 +252,47 @@ impl Mailbox {
             }),
             Err(_) => true,
         }
+    }
+
+    /// The parent object here for the session `parent`, as a child's notice or report is
+    /// handed to it: in the registry and not fenced. Whatever it is handed is confirmed
+    /// ([`Self::confirm_handed`]): a parent whose session another host took over without this
+    /// host knowing yet is found out by its refused flush, and the message goes by mail.
+    pub(super) fn parent_here(&self, parent: SessionId) -> Option<Arc<Agent>> {
+        self.agents.get(parent).filter(|agent| !agent.is_fenced())
+    }
+
+    /// [`Self::holds_here`] within [`LEASE_READ_BOUND`]: a read that takes longer counts as
+    /// ours (a teardown does not wait on the database; [`Self::confirm_handed`] covers it).
+    pub(super) async fn holds_here_within_bound(&self, agent: &Arc<Agent>) -> bool {
+        tokio::time::timeout(LEASE_READ_BOUND, self.holds_here(agent))
+            .await
+            .unwrap_or(true)
+    }
+
+    /// Confirms, off the caller's path, that `parent` (live here) keeps the `message` from
+    /// `child` it was just handed (a notice, or a `report`): its log is flushed, and a flush
+    /// refused because another host holds the parent's session sends the message by mail
+    /// under its own id, for that host (its log lacks it: the refused write stored nothing).
+    pub(super) fn confirm_handed(
+        &self,
+        child: SessionId,
+        parent: Arc<Agent>,
+        message: Message,
+        report: Option<ReportDelivery>,
+    ) {
+        if !self.store().is_shared() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mailbox = self.clone();
+        runtime.spawn(async move {
+            if parent.flush().await.is_err() && parent.is_fenced() {
+                mailbox.post_to_absent_parent(child, parent.id(), message, report);
+            }
+        });
     }
 
     /// What the store says of `session` (its header names its durable parent).
@@ -544,7 +588,8 @@ impl Mailbox {
             else {
                 continue;
             };
-            self.serve_piece(&recipient, &piece, Via::Server(manager))
+            let post = Post::decode(&piece.body);
+            self.serve_piece(&recipient, &piece, Via::Server(manager, post))
                 .await;
         }
     }
@@ -563,9 +608,9 @@ impl Mailbox {
             }
         };
         for piece in mail {
-            if is_followup(&piece.body) {
-                self.serve_piece(&activation.agent, &piece, Via::Locked(activation))
-                    .await;
+            if let Ok(Post::Followup { message }) = Post::decode(&piece.body) {
+                let via = Via::Locked(activation, message);
+                self.serve_piece(&activation.agent, &piece, via).await;
             }
         }
     }
@@ -576,12 +621,16 @@ impl Mailbox {
     /// fails on the way leaves it in the mailbox, for the next look.
     async fn serve_piece(&self, recipient: &Arc<Agent>, piece: &Mail, via: Via<'_>) {
         // An agent whose lease another host took over is not the recipient any more (even before
-        // this host lets it go): the mail is the new holder's.
-        if !self.holds_here(recipient).await {
+        // this host lets it go): the mail is the new holder's. The claim succeeds only while the
+        // agent's tenure of the lease is live, as the database has it.
+        let Some(fence) = recipient.lease_fence() else {
             return;
-        }
+        };
         let id = piece.id;
-        match self.on_store(move |store| store.claim_mail(id)).await {
+        match self
+            .on_store(move |store| store.claim_mail(id, fence))
+            .await
+        {
             Ok(true) => {}
             Ok(false) => return,
             Err(error) => {
@@ -589,18 +638,13 @@ impl Mailbox {
                 return;
             }
         }
-        let delivered = match Post::decode(&piece.body) {
-            Ok(post) => match via {
-                Via::Server(manager) => deliver(manager, recipient, post).await,
-                Via::Locked(activation) => match post {
-                    Post::Followup { message } => accept_followup(activation, message),
-                    _ => Ok(false),
-                },
-            },
-            Err(reason) => Err(SubagentError::new(
+        let delivered = match via {
+            Via::Server(manager, Ok(post)) => deliver(manager, recipient, post).await,
+            Via::Server(_, Err(reason)) => Err(SubagentError::new(
                 ErrorCode::InvalidRequest,
                 format!("the mail is unreadable: {reason}"),
             )),
+            Via::Locked(activation, message) => accept_followup(activation, message),
         };
         match delivered {
             Ok(true) => {}
@@ -626,11 +670,11 @@ impl Mailbox {
 }
 
 /// How a piece of mail is delivered: by the mail server, through the manager (which takes the
-/// recipient's lock), or to an activation whose lock the caller holds (follow-ups only).
-#[derive(Clone, Copy)]
+/// recipient's lock), as its body decoded; or as a follow-up's message, to an activation whose
+/// lock the caller holds.
 enum Via<'a> {
-    Server(&'a Continuation),
-    Locked(&'a Arc<Activation>),
+    Server(&'a Continuation, Result<Post, String>),
+    Locked(&'a Arc<Activation>, Message),
 }
 
 /// The acceptance of the follow-up `message` by the resident child of `activation`, under its

@@ -38,8 +38,10 @@
 //!
 //! 1. the per-child lock (a `tokio` mutex from `Continuation::locks`, held across awaits by one
 //!    operation on one child: a start, each follow-up, each settlement decision, in the order
-//!    they asked for it); different children never wait for each other, and no operation holds
-//!    two child locks;
+//!    they asked for it); different children never wait for each other, and only recovery
+//!    holds two: a child resumed under its lock recovers its own torn children, taking each
+//!    one's lock while holding its own, parent before child. That cannot cycle: the stored
+//!    lineage is a tree, and nothing takes a parent's lock while holding its child's;
 //! 2. `Continuation::state` (a std mutex, short sections, never across an `.await`);
 //! 3. an activation's `st` (a std mutex, short sections, never across an `.await`); `state` is
 //!    released before several activations' `st` are taken one after another;

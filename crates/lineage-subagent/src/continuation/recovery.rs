@@ -39,8 +39,6 @@ struct Torn {
     closing: Vec<ContentBlock>,
     /// Whether it holds accepted input no turn claimed, or has follow-ups waiting as mail.
     has_input: bool,
-    /// Its stored log, as a resume would load it.
-    loaded: Loaded,
 }
 
 impl Continuation {
@@ -61,10 +59,15 @@ impl Continuation {
             if self.agents.get(torn.child).is_some() {
                 continue;
             }
+            // Resumed, its torn turn is closed: no repair. The crash notice still tells the
+            // parent of the crash; the child's own notice follows when it settles.
+            let mut resumed = false;
             if torn.has_input {
                 match self.resume_torn(parent, &torn, installer).await {
-                    // It runs what it accepted, and tells the parent when it settles.
-                    Ok(()) => continue,
+                    // It runs what it accepted.
+                    Ok(true) => resumed = true,
+                    // Its input is gone since it was found: closed as any torn child.
+                    Ok(false) => {}
                     // Another host resumed it meanwhile: it is that host's.
                     Err(_) if self.mailbox.held_elsewhere(torn.child).await => continue,
                     // Closing it would strand its input (nothing finds a closed child's
@@ -95,7 +98,9 @@ impl Continuation {
                     .map_err(|e| SubagentError::agent(parent_id, e))?;
                 told.push(torn.child);
             }
-            recovered.push(torn.child);
+            if !resumed {
+                recovered.push(torn.child);
+            }
         }
         // The notices are durable before any child stops being torn.
         parent
@@ -119,25 +124,37 @@ impl Continuation {
     /// closes its torn turn, and its input then runs as turns, the follow-ups its host never
     /// delivered included. Every accepted waking message is so claimed into a turn (or
     /// discarded with an event), whichever host was holding the child when it stopped.
+    /// `Ok(false)`: under the child's lock its stored log and the mailbox hold no such input
+    /// any more, and it was not resumed. `Ok(true)` too when it is live here already.
     async fn resume_torn(
         self: &Arc<Self>,
         parent: &Arc<Agent>,
         torn: &Torn,
         installer: Installer<'_>,
-    ) -> Result<(), SubagentError> {
+    ) -> Result<bool, SubagentError> {
         let child = torn.child;
         let _guard = self.child_lock(child).await;
         if self.activation(child).is_some() || self.agents.get(child).is_some() {
-            return Ok(());
+            return Ok(true);
         }
-        let plan = resume_plan(child, &torn.loaded)?;
+        let store = parent.store().clone();
+        let (loaded, has_input) = blocking(child, move || {
+            let loaded = store.inspect(child)?;
+            let has_input = has_waking_input(&store, child, &loaded)?;
+            Ok((loaded, has_input))
+        })
+        .await?;
+        if !has_input {
+            return Ok(false);
+        }
+        let plan = resume_plan(child, &loaded)?;
         let activation = self
             .activate(parent, child, plan, &Cancellation::new(), installer)
             .await?;
         run_restored_input(&activation);
         self.mailbox.deliver_waiting_followups(&activation).await;
         activation.poke();
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -186,26 +203,29 @@ fn find_torn(store: &Store, parent: SessionId) -> Result<Vec<Torn>, StoreError> 
         else {
             continue;
         };
-        // Input accepted and never claimed: queued in its durable inbox, or follow-ups posted
-        // for it that its host did not deliver.
-        // Only waking input counts: a turn runs for it. Injected (quiet) messages wait for one.
-        let queued = Inbox::replay(own_suffix(&inspected.events))
-            .is_ok_and(|i| !i.list(InboxTarget::NextTurn).is_empty());
-        let has_input = queued
-            || (store.is_shared()
-                && store
-                    .mail_for(&[child])?
-                    .iter()
-                    .any(|m| is_followup(&m.body)));
+        let has_input = has_waking_input(store, child, &inspected)?;
         torn.push(Torn {
             child,
             turn_start: events[turn_start].seq,
             closing: closing_message(&events[turn_start..]),
             has_input,
-            loaded: inspected,
         });
     }
     Ok(torn)
+}
+
+/// Whether the stored child `child` (as `loaded`) holds waking input no turn claimed: queued in
+/// its durable inbox for a next turn, or follow-ups posted for it that its host did not
+/// deliver. Injected (quiet) messages do not count: no turn is started for them.
+fn has_waking_input(store: &Store, child: SessionId, loaded: &Loaded) -> Result<bool, StoreError> {
+    let queued = Inbox::replay(own_suffix(&loaded.events))
+        .is_ok_and(|i| !i.list(InboxTarget::NextTurn).is_empty());
+    Ok(queued
+        || (store.is_shared()
+            && store
+                .mail_for(&[child])?
+                .iter()
+                .any(|m| is_followup(&m.body))))
 }
 
 /// The settlement notice of a torn child, with its derived id.

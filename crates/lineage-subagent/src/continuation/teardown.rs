@@ -173,10 +173,8 @@ impl Activation {
             return;
         }
         let child = self.child();
-        let parent = match manager.agents.get(self.run.parent) {
-            Some(parent) if !parent.is_fenced() && manager.mailbox.holds_here(&parent).await => {
-                Some(parent)
-            }
+        let parent = match manager.mailbox.parent_here(self.run.parent) {
+            Some(parent) if manager.mailbox.holds_here_within_bound(&parent).await => Some(parent),
             _ => None,
         };
         let message = settlement_notice(
@@ -201,6 +199,7 @@ impl Activation {
             || manager
                 .activation(parent.id())
                 .is_some_and(|owner| Arc::ptr_eq(&owner.agent, &parent) && owner.is_closing());
+        let handed = message.clone();
         let sent = if tearing_down {
             parent
                 .inject(message)
@@ -215,12 +214,13 @@ impl Activation {
                 }
             })
         };
-        if let Err(error) = sent {
-            manager.diagnose(
+        match sent {
+            Ok(()) => manager.mailbox.confirm_handed(child, parent, handed, None),
+            Err(error) => manager.diagnose(
                 parent.id(),
                 DiagnosticKind::NoticeUndelivered,
                 format!("the settlement notice of subagent {child} was not delivered: {error}"),
-            );
+            ),
         }
     }
 }

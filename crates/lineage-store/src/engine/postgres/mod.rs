@@ -208,13 +208,14 @@ const POST: &str = "INSERT INTO lineage_mailbox (id, recipient, sender, body) VA
 const MAIL_FOR: &str = "SELECT id, recipient, sender, body FROM lineage_mailbox \
      WHERE recipient = ANY($1) ORDER BY posted";
 const TAKE_MAIL: &str = "DELETE FROM lineage_mailbox WHERE id = ANY($1) RETURNING id";
-/// Claims mail (`$1`) for a holder (`$2`) about to deliver it: unclaimed, claimed by it already,
-/// or claimed by a holder that no longer holds the recipient's lease.
+/// Claims mail (`$1`) for a holder (`$2`) about to deliver it, in its tenure of the recipient's
+/// lease with the fencing token `$3`: only while that lease is live. Any earlier claim is then
+/// void, as its claimant no longer holds the lease (at most one host holds it).
 const CLAIM_MAIL: &str = "
 UPDATE lineage_mailbox AS m SET claimed_by = $2
-WHERE m.id = $1 AND (m.claimed_by IS NULL OR m.claimed_by = $2 OR NOT EXISTS (
+WHERE m.id = $1 AND EXISTS (
     SELECT 1 FROM lineage_leases l
-    WHERE l.session = m.recipient AND l.holder = m.claimed_by AND l.expires_at > now()))
+    WHERE l.session = m.recipient AND l.holder = $2 AND l.fence = $3 AND l.expires_at > now())
 RETURNING m.id";
 /// Takes mail back if no host has claimed it for delivery.
 const WITHDRAW_MAIL: &str =
@@ -1171,10 +1172,12 @@ impl Coordination for PgEngine {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    fn claim_mail(&self, id: Uuid) -> std::result::Result<bool, EngineError> {
-        let holder = self.holder;
+    fn claim_mail(&self, id: Uuid, fence: u64) -> std::result::Result<bool, EngineError> {
+        let (holder, fence) = (self.holder, seq_param(fence)?);
         let rows = self.on_idle(move |c| async move {
-            c.client.query(&c.st.claim_mail, &[&id, &holder]).await
+            c.client
+                .query(&c.st.claim_mail, &[&id, &holder, &fence])
+                .await
         })?;
         Ok(!rows.is_empty())
     }

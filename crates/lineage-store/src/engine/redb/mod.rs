@@ -212,7 +212,7 @@ impl Coordination for OneWriter {
         Ok(Vec::new())
     }
 
-    fn claim_mail(&self, _id: uuid::Uuid) -> std::result::Result<bool, EngineError> {
+    fn claim_mail(&self, _id: uuid::Uuid, _fence: u64) -> std::result::Result<bool, EngineError> {
         Ok(false)
     }
 

@@ -795,6 +795,14 @@ impl Chaos {
         }
     }
 
+    /// Whether a command sent for a purpose `which` picks is still unanswered (on a host that
+    /// runs).
+    fn waiting_for(&self, which: impl Fn(&Purpose) -> bool) -> bool {
+        self.pending
+            .values()
+            .any(|p| p.generation == self.slots[p.host].generation && which(&p.purpose))
+    }
+
     /// Commands unanswered past the bound on a host that kept running and was not paused.
     fn overdue(&self) -> Vec<String> {
         self.pending
@@ -1009,10 +1017,14 @@ fn four_hosts_on_one_database_under_faults_keep_their_promises() {
                 }
                 chaos.leads[lead].at = At::Moving;
                 chaos.send(now, format!("dispose {id}"), Purpose::Dispose);
-                chaos.settle(COMMAND_BOUND, |c| c.pending.is_empty());
+                chaos.settle(COMMAND_BOUND, |c| {
+                    !c.waiting_for(|p| matches!(p, Purpose::Dispose))
+                });
             }
             chaos.send(old, format!("resume {id}"), Purpose::Revisit(lead));
-            let answered = chaos.settle(COMMAND_BOUND, |c| c.pending.is_empty());
+            let answered = chaos.settle(COMMAND_BOUND, |c| {
+                !c.waiting_for(|p| matches!(p, Purpose::Revisit(l) if *l == lead))
+            });
             if !answered {
                 // Asked no more: its commands do not return.
                 stuck.push(old);
@@ -1046,7 +1058,9 @@ fn four_hosts_on_one_database_under_faults_keep_their_promises() {
             );
         }
     }
-    chaos.settle(SETTLE_BOUND, |c| c.pending.is_empty());
+    chaos.settle(SETTLE_BOUND, |c| {
+        !c.waiting_for(|p| matches!(p, Purpose::Followup(t) if t.starts_with("last-")))
+    });
     for (token, sent) in &chaos.sent {
         if token.starts_with("last-") && !matches!(sent.answer, Some(Answer::Accepted(_))) {
             chaos.failures.push(format!(

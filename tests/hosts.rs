@@ -1798,3 +1798,56 @@ async fn a_report_handed_to_a_parent_taken_over_unknown_to_its_host_reaches_the_
     gate.open();
     assert_verifies(&b.store);
 }
+
+/// A child torn by its host's pause whose log holds only an injected (quiet) message is not
+/// resumed to run a turn nobody asked for: it is closed, and its parent told of the crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_child_holding_only_quiet_input_is_closed_not_resumed_into_a_turn() {
+    let url = postgres().create_database();
+    let router = Arc::new(Router::default());
+    router.script(PARENT, (0..10).map(|_| Response::text("ok")));
+    let never = Gate::new();
+    router.script(
+        "q",
+        [
+            Response::text("A's answer, never given").gated(&never),
+            Response::text("a turn nobody asked for"),
+        ],
+    );
+    let a = paused_host(&url, &router);
+    let lead = fresh_lead(&a).await;
+    let child = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, "q", "first job"))
+        .await
+        .unwrap()
+        .child;
+    router.model("q").wait_for_requests(1).await;
+    let child_agent = a.agents.get(child).expect("the child is live on A");
+    child_agent
+        .inject(Message {
+            id: lineage::log::MessageId::new(),
+            role: lineage::log::Role::User,
+            content: vec![ContentBlock::text("for the next step")],
+            source: MessageSource::User,
+        })
+        .unwrap();
+    child_agent.flush().await.unwrap();
+
+    expire_leases(&url);
+    let b = host(&url, &router);
+    let lead_b = b.resume(lead.id(), parent_spec(vec![])).await.unwrap();
+    eventually("the lead on B hears of the crash", || {
+        !settled_notices(&lead_b.events()).is_empty()
+    })
+    .await;
+    assert!(!b.subagents.is_resident(child), "not resumed");
+    let log = stored(&url, child);
+    assert_eq!(
+        lineage_testkit::read::turn_ends(&log),
+        [TurnEndReason::Interrupted],
+        "closed, and no turn after"
+    );
+    assert_eq!(router.model("q").requests().len(), 1, "no model turn on B");
+    drop((a, never));
+}

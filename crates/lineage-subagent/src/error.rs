@@ -46,6 +46,9 @@ pub enum ErrorCode {
     /// database stopped answering): the follow-up may or may not be delivered. Retry with the
     /// same message id, which delivers it at most once.
     OutcomeUnknown,
+    /// A follow-up's caller-chosen message id names a message the child holds already with
+    /// other content: an id is one message. Send new content under a new id.
+    MessageIdReused,
 }
 
 impl ErrorCode {
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::NotResumable => "NOT_RESUMABLE",
             ErrorCode::ActivationTeardownFailed => "ACTIVATION_TEARDOWN_FAILED",
             ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            ErrorCode::MessageIdReused => "MESSAGE_ID_REUSED",
         }
     }
 }

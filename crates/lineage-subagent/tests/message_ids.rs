@@ -61,6 +61,14 @@ async fn the_same_message_id_sent_twice_reaches_a_resident_child_once_and_a_sett
     assert_eq!(user_texts(&h.stored(child)), ["one", "two"]);
     assert_eq!(user_messages_with(&h.stored(child), two), 1);
 
+    // One id is one message: other content under it is refused, resident or cold.
+    let reused = h
+        .runtime
+        .send_followup(&with_id(&parent, child, "not two", two))
+        .await
+        .expect_err("other content under a delivered id is refused");
+    assert_eq!(reused.code(), ErrorCode::MessageIdReused, "{reused}");
+
     // Settled: a retry of a delivered id is accepted, and does not resume the child for it.
     let again = h
         .runtime
@@ -71,6 +79,13 @@ async fn the_same_message_id_sent_twice_reaches_a_resident_child_once_and_a_sett
         !h.runtime.is_resident(child),
         "not resumed for a message it has"
     );
+    let reused = h
+        .runtime
+        .send_followup(&with_id(&parent, child, "not two", two))
+        .await
+        .expect_err("other content under a delivered id is refused");
+    assert_eq!(reused.code(), ErrorCode::MessageIdReused, "{reused}");
+    assert!(!h.runtime.is_resident(child), "not resumed for it");
     assert_eq!(user_messages_with(&h.stored(child), two), 1);
 
     // Cold: a new id resumes it; sending that id again once it settled delivers nothing more.

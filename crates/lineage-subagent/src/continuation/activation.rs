@@ -204,7 +204,6 @@ impl Continuation {
             birth: born,
         } = how;
         let provider = descriptor.provider.clone();
-        let resumed = born.is_none();
         let spec = AgentSpec {
             hooks,
             ..birth::child_spec(
@@ -221,13 +220,24 @@ impl Continuation {
                 let plan = born.plan(child, descriptor, spec);
                 birth::create_child(&self.agents, parent, plan).await?
             }
-            None => self.agents.resume(child, spec).await.map_err(|e| {
-                SubagentError::new(
-                    ErrorCode::NotResumable,
-                    format!("subagent {child} is unavailable"),
-                )
-                .with_source(e)
-            })?,
+            None => {
+                let agent = self.agents.resume(child, spec).await.map_err(|e| {
+                    SubagentError::new(
+                        ErrorCode::NotResumable,
+                        format!("subagent {child} is unavailable"),
+                    )
+                    .with_source(e)
+                })?;
+                // The crash that tore this child may have torn its own continuable children:
+                // it hears of them before it runs again.
+                // Boxed: recovering them may resume them, which recovers theirs.
+                let recovered = Box::pin(self.recover_children(&agent, installer)).await;
+                if let Err(error) = recovered {
+                    agent.dispose().await;
+                    return Err(error);
+                }
+                agent
+            }
         };
         let mut ancestry = vec![Arc::downgrade(&agent)];
         ancestry.extend(lineage.iter().map(Arc::downgrade));
@@ -267,17 +277,6 @@ impl Continuation {
             let _runtime = runtime;
             watcher.await;
         });
-        // The crash that tore a resumed child may have torn its own continuable children: it
-        // hears of them before it runs again. Only now, with its activation published, so that
-        // a grandchild resumed to run its input is owned by it (torn down with it).
-        // Boxed: recovering them may resume them, which recovers theirs.
-        if resumed
-            && let Err(error) = Box::pin(self.recover_children(&activation.agent, installer)).await
-        {
-            // Torn down as any activation, with whatever it resumed of its own.
-            let _ = super::teardown::wait(activation.open_disposal(self)).await;
-            return Err(error);
-        }
         Ok(activation)
     }
 }

@@ -9,7 +9,7 @@ use lineage_store::Loaded;
 
 use super::activation::ActivationPlan;
 use super::admission::is_live_agent;
-use super::recovery::{holds_message, log_holds, log_pending, run_restored_input};
+use super::recovery::{holds_retry, log_pending, run_restored_input};
 use super::teardown::wait;
 use super::*;
 use crate::birth;
@@ -91,7 +91,11 @@ impl Continuation {
         let id = message.id;
         // A message the child's log holds already (a retry with the same id, or mail another
         // host delivered before it stopped) is accepted without being delivered again.
-        if !holds_message(&activation.agent, id) {
+        let child = activation.child();
+        if !activation
+            .agent
+            .with_events(|events: &[lineage_log::Event]| holds_retry(events, child, &message))?
+        {
             let agent = activation.agent.clone();
             activation.admit_waking(id, || agent.followup(message))?;
         }
@@ -319,7 +323,7 @@ impl Continuation {
         // A retry of a message the child claimed or cancelled already: accepted, and not
         // resumed for it. One still pending (its host stopped before running it) is run.
         let pending = log_pending(&loaded.events, message.id);
-        if !pending && log_holds(&loaded.events, message.id) {
+        if holds_retry(&loaded.events, child, &message)? && !pending {
             return Ok(message.id);
         }
         let plan = resume_plan(child, &loaded)?;

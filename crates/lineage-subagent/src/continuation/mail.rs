@@ -29,7 +29,7 @@ use serde_json::json;
 
 use super::admission::diagnose;
 use super::delivery::{followup_cancelled, unavailable};
-use super::recovery::{holds_message, log_holds};
+use super::recovery::{holds_message, holds_retry, log_holds};
 use super::*;
 use crate::{Authority, ReportDelivery};
 
@@ -684,7 +684,11 @@ fn accept_followup(activation: &Arc<Activation>, message: Message) -> Result<boo
     if activation.is_closing() {
         return Ok(false);
     }
-    if !holds_message(&activation.agent, message.id) {
+    let child = activation.child();
+    if !activation
+        .agent
+        .with_events(|events: &[lineage_log::Event]| holds_retry(events, child, &message))?
+    {
         let agent = activation.agent.clone();
         activation.admit_waking(message.id, || agent.followup(message))?;
     }

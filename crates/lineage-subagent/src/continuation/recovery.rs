@@ -253,6 +253,33 @@ pub(super) fn holds_message(agent: &Agent, id: MessageId) -> bool {
     agent.with_events(|events: &[Event]| log_holds(events, id))
 }
 
+/// Whether `events` hold `message` already (queued, claimed or cancelled), for `child`: a
+/// message a log holds is not delivered to it again. Refused (`MESSAGE_ID_REUSED`) when the
+/// log holds a message with its id but other content.
+pub(super) fn holds_retry(
+    events: &[Event],
+    child: SessionId,
+    message: &Message,
+) -> Result<bool, SubagentError> {
+    let held = events.iter().find_map(|e| match &e.body {
+        EventBody::InboxSpliced(splice) => splice.inserted.iter().find(|m| m.id == message.id),
+        EventBody::UserMessage(m) if m.id == message.id => Some(m),
+        _ => None,
+    });
+    match held {
+        None => Ok(false),
+        Some(held) if held.content == message.content => Ok(true),
+        Some(_) => Err(SubagentError::new(
+            ErrorCode::MessageIdReused,
+            format!(
+                "subagent {child} holds the message {} already, with other content; send new \
+                 content under a new message id",
+                message.id
+            ),
+        )),
+    }
+}
+
 /// Whether `events` hold the message `id` (queued, claimed or cancelled): a message a log holds
 /// is not delivered to it again.
 pub(super) fn log_holds(events: &[Event], id: MessageId) -> bool {

@@ -78,6 +78,12 @@ impl Agent {
             .is_some_and(|s| s.kind == DiagnosticKind::Fenced)
     }
 
+    /// Whether the agent stopped writing for good: its lease was lost ([`Agent::is_fenced`]),
+    /// or the store does not hold its log. It runs nothing more, and disposes of itself.
+    pub fn is_stopped(&self) -> bool {
+        lock(&self.state).stopped.is_some()
+    }
+
     /// The error for a failed store operation. A write refused because the session's lease was
     /// lost stops the agent (see [`Agent::stop`]), and so does a failure after which the store
     /// no longer holds the agent's log: what the agent admitted was dropped by a refused commit
@@ -173,6 +179,8 @@ impl Agent {
         };
         st.stopped = Some(stopped.clone());
         st.phase.cancel_turn(AbortCause::Disposed);
+        // Watchers of the agent look again: an idle agent stopping changes no status.
+        self.changed();
         let diagnostic = Diagnostic {
             agent: self.id,
             kind,

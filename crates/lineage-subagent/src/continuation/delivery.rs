@@ -169,8 +169,9 @@ impl Continuation {
         Ok(id)
     }
 
-    /// Where `child` is now; asked under its lock.
-    async fn locate(&self, child: SessionId) -> Holder {
+    /// Where `child` is now; asked under its lock. A resident child whose agent stopped for
+    /// good (its lease lost) is torn down now rather than handed the follow-up it cannot run.
+    async fn locate(self: &Arc<Self>, child: SessionId) -> Holder {
         let Some(activation) = self.activation(child) else {
             return if self.mailbox.held_elsewhere(child).await {
                 Holder::Elsewhere
@@ -181,6 +182,9 @@ impl Continuation {
         let disposal = lock(&activation.st).disposal.clone();
         match disposal {
             Some(disposal) => Holder::TearingDown(disposal),
+            None if activation.agent.is_stopped() => {
+                Holder::TearingDown(activation.open_disposal(self))
+            }
             None => Holder::Here(activation),
         }
     }

@@ -171,8 +171,13 @@ impl Activation {
 
     /// Accepted input an idle child holds (parked by an interrupt) keeps it resident for its
     /// next wake, unless a budget in force refuses every request: then nothing can run it, and
-    /// the child settles with the input parked in its durable inbox.
+    /// the child settles with the input parked in its durable inbox. So does a child whose agent
+    /// stopped for good (its lease lost, or its log not the store's): it runs nothing more here,
+    /// and its accepted input, durable in its log, is run by whoever resumes it next.
     fn residency(&self) -> Residency {
+        if self.agent.is_stopped() && self.agent.status() != AgentStatus::Running {
+            return Residency::Settled;
+        }
         let mut st = lock(&self.st);
         st.accepted.retain(|id| self.agent.is_pending(*id));
         let parked_work = !st.accepted.is_empty() && self.agent.budget_reached().is_none();

@@ -276,7 +276,7 @@ impl Continuation {
             .map_err(|reason| unavailable(to.child, reason))?;
         self.authorize_stored(to, info.header.parent)?;
         self.mailbox
-            .followup(to.parent.id(), to.child, message, to.cancel)
+            .followup(to.parent.id(), to.child, message, info.len, to.cancel)
             .await
     }
 

@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use lineage_agent::{AgentStatus, Cancellation, DiagnosticKind, Queued};
-use lineage_log::{AbortCause, EventBody, Message, MessageId};
+use lineage_log::{AbortCause, Event, EventBody, Message, MessageId};
 use lineage_store::{Mail, SessionInfo, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -121,11 +121,27 @@ enum Fate {
     Absent,
 }
 
-/// The fate of follow-up `id`'s mail, gone from the mailbox, by `child`'s stored log.
-fn stored_fate(store: &Store, child: SessionId, id: MessageId) -> lineage_store::Result<Fate> {
-    let events = store.inspect(child)?.events;
-    if log_holds(&events, id) {
-        return Ok(Fate::Delivered);
+/// The fate of follow-up `id`'s mail, gone from the mailbox, by `child`'s stored log. Its
+/// delivery or discard is looked for from seq `from` on (where the log ended when the mail was
+/// posted: a delivery comes after), so a follow-up accepted costs a read of the events since,
+/// not of the whole log; only a message found in neither is looked for in the whole log (a
+/// retry of one delivered before).
+fn stored_fate(
+    store: &Store,
+    child: SessionId,
+    id: MessageId,
+    from: u64,
+) -> lineage_store::Result<Fate> {
+    let fate = fate_in(&store.read_from(child, from)?, id);
+    if from == 0 || !matches!(fate, Fate::Absent) {
+        return Ok(fate);
+    }
+    Ok(fate_in(&store.inspect(child)?.events, id))
+}
+
+fn fate_in(events: &[Event], id: MessageId) -> Fate {
+    if log_holds(events, id) {
+        return Fate::Delivered;
     }
     let mail = id.as_uuid().to_string();
     let reason = events.iter().find_map(|event| match &event.body {
@@ -135,7 +151,7 @@ fn stored_fate(store: &Store, child: SessionId, id: MessageId) -> lineage_store:
         }
         _ => None,
     });
-    Ok(reason.map_or(Fate::Absent, Fate::Discarded))
+    reason.map_or(Fate::Absent, Fate::Discarded)
 }
 
 /// The refusal of follow-up `id` to `child`, whose mail a host discarded for `reason`.
@@ -329,11 +345,13 @@ impl Mailbox {
     /// only after the mail is taken back ([`Self::resolve_fate`]); when that cannot be done the
     /// answer is `OUTCOME_UNKNOWN`. Mail gone counts as delivered only once the child's stored
     /// log holds the message: a host takes mail out only after flushing what it delivered.
+    /// `from` is where the child's stored log ended before the post (see [`stored_fate`]).
     pub(super) async fn followup(
         &self,
         sender: SessionId,
         child: SessionId,
         message: &Message,
+        from: u64,
         cancel: &Cancellation,
     ) -> Result<Option<MessageId>, SubagentError> {
         let id = message.id;
@@ -369,7 +387,7 @@ impl Mailbox {
             };
             if !waiting {
                 let fate = self
-                    .on_store(move |store| stored_fate(store, child, id))
+                    .on_store(move |store| stored_fate(store, child, id, from))
                     .await;
                 return match fate {
                     Ok(Fate::Delivered) => Ok(Some(id)),
@@ -434,7 +452,7 @@ impl Mailbox {
                 if store.mail_for(&[child])?.iter().any(|m| m.id == mail) {
                     return Ok(Fate::Claimed);
                 }
-                stored_fate(store, child, id)
+                stored_fate(store, child, id, 0)
             })
             .await;
         match fate {

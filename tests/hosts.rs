@@ -44,6 +44,24 @@ fn paused_host(url: &str, router: &Arc<Router>) -> Host {
     Host::new(store, router.clone()).expect("the host starts")
 }
 
+/// A host whose keeper never renews during a test (see [`paused_host`]), a lead on it, and the
+/// lead's continuable child on `model`, started with "first job".
+async fn paused_lead_with_child(
+    url: &str,
+    router: &Arc<Router>,
+    model: &str,
+) -> (Host, Arc<lineage::agent::Agent>, SessionId) {
+    let a = paused_host(url, router);
+    let lead = fresh_lead(&a).await;
+    let child = a
+        .subagents
+        .start_continuable("spawn", continuable(&lead, model, "first job"))
+        .await
+        .unwrap()
+        .child;
+    (a, lead, child)
+}
+
 /// A new lead on `host`, with no tools of its own.
 async fn fresh_lead(host: &Host) -> Arc<lineage::agent::Agent> {
     host.agents
@@ -1135,14 +1153,7 @@ async fn a_host_taking_over_from_a_paused_one_runs_the_follow_ups_its_child_had_
             Response::text("answer 3"),
         ],
     );
-    let a = paused_host(&url, &router);
-    let lead = fresh_lead(&a).await;
-    let child = a
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "q", "first job"))
-        .await
-        .unwrap()
-        .child;
+    let (a, lead, child) = paused_lead_with_child(&url, &router, "q").await;
     router.model("q").wait_for_requests(1).await;
     let mut queued = Vec::new();
     for n in 1..=3 {
@@ -1212,14 +1223,7 @@ async fn a_childs_notice_reaches_its_parent_by_mail_on_the_host_that_took_the_pa
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     let gate = Gate::new();
     router.script("g", [Response::text("g is done").gated(&gate)]);
-    let a = paused_host(&url, &router);
-    let lead = fresh_lead(&a).await;
-    let child = a
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "g", "first job"))
-        .await
-        .unwrap()
-        .child;
+    let (a, lead, child) = paused_lead_with_child(&url, &router, "g").await;
     lead.when_idle().await;
 
     // The lead's lease runs out on A (its child's does not) and B takes the lead over; A's
@@ -1763,14 +1767,7 @@ async fn a_report_handed_to_a_parent_taken_over_unknown_to_its_host_reaches_the_
     router.script(PARENT, (0..10).map(|_| Response::text("ok")));
     let gate = Gate::new();
     router.script("g", [Response::text("g is done").gated(&gate)]);
-    let a = paused_host(&url, &router);
-    let lead = fresh_lead(&a).await;
-    let child = a
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "g", "first job"))
-        .await
-        .unwrap()
-        .child;
+    let (a, lead, child) = paused_lead_with_child(&url, &router, "g").await;
     lead.when_idle().await;
     expire_lease(&url, lead.id());
     let b = host(&url, &router);
@@ -1814,14 +1811,7 @@ async fn a_torn_child_holding_only_quiet_input_is_closed_not_resumed_into_a_turn
             Response::text("a turn nobody asked for"),
         ],
     );
-    let a = paused_host(&url, &router);
-    let lead = fresh_lead(&a).await;
-    let child = a
-        .subagents
-        .start_continuable("spawn", continuable(&lead, "q", "first job"))
-        .await
-        .unwrap()
-        .child;
+    let (a, lead, child) = paused_lead_with_child(&url, &router, "q").await;
     router.model("q").wait_for_requests(1).await;
     let child_agent = a.agents.get(child).expect("the child is live on A");
     child_agent

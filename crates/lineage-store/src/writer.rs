@@ -800,7 +800,11 @@ impl Writer {
             self.open_runs.remove(&taken.session);
             let why = match written {
                 Written::Applied => {
-                    if let Some(open) = taken.open {
+                    // A round read back from doubt holds this write's events, but perhaps laid
+                    // out by an earlier attempt that landed late (its commit still in flight when
+                    // a read-back found it absent): an open run rewrites stored blocks by key,
+                    // so only a write known to have applied as laid out here keeps its run open.
+                    if let Some(open) = taken.open.filter(|_| !in_doubt) {
                         keep_open(&mut self.open_runs, taken.session, round, open);
                     }
                     if let Some(tail) = state.tails.get_mut(&taken.session) {

@@ -62,6 +62,31 @@ async fn paused_lead_with_child(
     (a, lead, child)
 }
 
+/// On `agents` (a registry with no `Host`, so it serves no mail: a follow-up posted to its
+/// agents waits unclaimed), a lead with a continuable child on model `c` started with "first
+/// job", the lead then let go for another host to take; the runtime, the lead's id, the child.
+async fn lead_let_go_with_child(
+    agents: &lineage::agent::Agents,
+) -> (lineage::subagent::SubagentRuntime, SessionId, SessionId) {
+    let runtime = lineage::subagent::SubagentRuntime::new(agents.clone());
+    runtime
+        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
+        .unwrap();
+    let lead = agents
+        .create(CreateAgent::fresh(parent_spec(vec![])))
+        .await
+        .unwrap();
+    let lead_id = lead.id();
+    let child = runtime
+        .start_continuable("spawn", continuable(&lead, "c", "first job"))
+        .await
+        .unwrap()
+        .child;
+    lead.when_idle().await;
+    agents.dispose(lead_id).await;
+    (runtime, lead_id, child)
+}
+
 /// A new lead on `host`, with no tools of its own.
 async fn fresh_lead(host: &Host) -> Arc<lineage::agent::Agent> {
     host.agents
@@ -1274,22 +1299,7 @@ async fn a_follow_up_id_sent_twice_across_hosts_arrives_once_and_a_withdrawn_one
     // Host A serves no mail until told to: a follow-up posted to it waits, unclaimed.
     let store_a = Store::open(&url).unwrap();
     let agents_a = lineage::agent::Agents::new(store_a, router.clone());
-    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
-    runtime_a
-        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
-        .unwrap();
-    let lead = agents_a
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
-    let lead_id = lead.id();
-    let child = runtime_a
-        .start_continuable("spawn", continuable(&lead, "c", "first job"))
-        .await
-        .unwrap()
-        .child;
-    lead.when_idle().await;
-    agents_a.dispose(lead_id).await;
+    let (runtime_a, lead_id, child) = lead_let_go_with_child(&agents_a).await;
     let b = host(&url, &router);
     let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
     let request = |text: &str, id| lineage::subagent::FollowupRequest {
@@ -1384,22 +1394,7 @@ async fn a_follow_up_whose_wait_fails_is_refused_only_once_its_mail_is_taken_bac
          GRANT ALL ON ALL TABLES IN SCHEMA public TO sender; \
          GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO sender",
     );
-    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
-    runtime_a
-        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
-        .unwrap();
-    let lead = agents_a
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
-    let lead_id = lead.id();
-    let child = runtime_a
-        .start_continuable("spawn", continuable(&lead, "c", "first job"))
-        .await
-        .unwrap()
-        .child;
-    lead.when_idle().await;
-    agents_a.dispose(lead_id).await;
+    let (runtime_a, lead_id, child) = lead_let_go_with_child(&agents_a).await;
     let b = host(&as_role(&url, "sender"), &router);
     let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
     let request = |text: &str, id| lineage::subagent::FollowupRequest {
@@ -1539,22 +1534,7 @@ async fn mail_waits(proxy: Option<&lineage_testkit::proxy::Proxy>) -> MailWaits 
     // A's leases last an hour: its keeper does not renew them within the test.
     let store_a = Store::open_with(&url, options(Duration::from_secs(3600))).unwrap();
     let agents_a = lineage::agent::Agents::new(store_a, router.clone());
-    let runtime_a = lineage::subagent::SubagentRuntime::new(agents_a.clone());
-    runtime_a
-        .register_provider(Arc::new(lineage::subagent::SpawnProvider::new()))
-        .unwrap();
-    let lead = agents_a
-        .create(CreateAgent::fresh(parent_spec(vec![])))
-        .await
-        .unwrap();
-    let lead_id = lead.id();
-    let child = runtime_a
-        .start_continuable("spawn", continuable(&lead, "c", "first job"))
-        .await
-        .unwrap()
-        .child;
-    lead.when_idle().await;
-    agents_a.dispose(lead_id).await;
+    let (runtime_a, lead_id, child) = lead_let_go_with_child(&agents_a).await;
     let b_url = proxy.map_or(url.clone(), |proxy| through(&url, proxy.port()));
     let b = host(&b_url, &router);
     let lead_b = b.agents.resume(lead_id, parent_spec(vec![])).await.unwrap();
